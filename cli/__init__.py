@@ -1,0 +1,1 @@
+"""The ``elmo-cache`` command line (installed as ``elmo_cache.cli``)."""

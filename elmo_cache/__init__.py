@@ -1,0 +1,66 @@
+"""elmo-cache: precompute contextual ELMo embeddings once, read them memory-mapped, serve them fast.
+
+Public API (imported lazily, so ``import elmo_cache`` stays cheap)::
+
+    from elmo_cache import Encoder, open, build, CacheDataset, collate, ScalarMix
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it
+_EXPORTS = {
+    "Encoder": "elmo_cache.encoder",
+    "ModelOptions": "elmo_cache.options",
+    "MixSpec": "elmo_cache.mix",
+    "BuildOptions": "elmo_cache.build",
+    "build": "elmo_cache.build",
+    "open": "elmo_cache.reader",
+    "Cache": "elmo_cache.reader",
+    "CacheDataset": "elmo_cache.dataset",
+    "collate": "elmo_cache.dataset",
+    "ScalarMix": "elmo_cache.scalar_mix",
+    "tokenize": "elmo_cache.tokenize",
+    "sentence_hash": "elmo_cache.tokenize",
+    "ElmoCacheError": "elmo_cache.errors",
+    "ModelNotFoundError": "elmo_cache.errors",
+    "ModelDownloadError": "elmo_cache.errors",
+    "OptionsError": "elmo_cache.errors",
+    "WeightFileError": "elmo_cache.errors",
+    "InvalidParameterError": "elmo_cache.errors",
+    "CorpusError": "elmo_cache.errors",
+    "CacheNotFoundError": "elmo_cache.errors",
+    "CacheFormatError": "elmo_cache.errors",
+    "IncompleteCacheError": "elmo_cache.errors",
+    "CacheExistsError": "elmo_cache.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from elmo_cache.build import BuildOptions, build
+    from elmo_cache.dataset import CacheDataset, collate
+    from elmo_cache.encoder import Encoder
+    from elmo_cache.errors import *  # noqa: F403
+    from elmo_cache.mix import MixSpec
+    from elmo_cache.options import ModelOptions
+    from elmo_cache.reader import Cache, open
+    from elmo_cache.scalar_mix import ScalarMix
+    from elmo_cache.tokenize import sentence_hash, tokenize
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elmo_cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,67 @@
+"""The error hierarchy of elmo-cache.
+
+Every error a user can cause derives from :class:`ElmoCacheError` *and* from the
+builtin it specialises, so callers may catch either ``ElmoCacheError`` or the
+familiar ``FileNotFoundError`` / ``ValueError``. The CLI and the server catch
+``ElmoCacheError`` in one place and print its message plainly.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ElmoCacheError",
+    "ModelNotFoundError",
+    "ModelDownloadError",
+    "OptionsError",
+    "WeightFileError",
+    "InvalidParameterError",
+    "CorpusError",
+    "CacheNotFoundError",
+    "CacheFormatError",
+    "IncompleteCacheError",
+    "CacheExistsError",
+]
+
+
+class ElmoCacheError(Exception):
+    """Base class of every error elmo-cache raises on purpose."""
+
+
+class ModelNotFoundError(ElmoCacheError, FileNotFoundError):
+    """A model name, directory, options file or weight file does not exist."""
+
+
+class ModelDownloadError(ElmoCacheError, ConnectionError):
+    """A named model is not cached locally and could not be downloaded."""
+
+
+class OptionsError(ElmoCacheError, ValueError):
+    """An ``options.json`` is unreadable or describes an unsupported model."""
+
+
+class WeightFileError(ElmoCacheError, ValueError):
+    """A weight file is not HDF5, lacks a dataset, or has a misshapen one."""
+
+
+class InvalidParameterError(ElmoCacheError, ValueError):
+    """A caller passed a parameter outside its valid choices."""
+
+
+class CorpusError(ElmoCacheError, ValueError):
+    """The input corpus cannot be read as requested (the message names the line)."""
+
+
+class CacheNotFoundError(ElmoCacheError, FileNotFoundError):
+    """A cache path does not exist."""
+
+
+class CacheFormatError(ElmoCacheError, ValueError):
+    """A cache exists but is not a valid elmo-cache store (corrupt or foreign)."""
+
+
+class IncompleteCacheError(CacheFormatError):
+    """A cache whose build has not finished (resume it by running the build again)."""
+
+
+class CacheExistsError(ElmoCacheError, FileExistsError):
+    """The output exists and was built with other options (use ``--overwrite``)."""

@@ -1,0 +1,118 @@
+"""Random ELMo models in the original weight-file layout, for tests and benchmarks.
+
+The files written here are byte-for-byte the same *layout* as the published
+``options.json`` + ``*_weights.hdf5`` pairs (same dataset names, shapes, dtypes,
+TensorFlow orientation, 261-row ``char_embed`` without padding row, forget-gate
+bias not stored), so every loader path is exercised exactly as with a real model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from elmo_cache.options import ModelOptions
+
+__all__ = ["PRESETS", "preset_options", "write_random_model", "weight_shapes"]
+
+_ORIGINAL_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+_BASE = ModelOptions(
+    char_embedding_dim=16,
+    filters=_ORIGINAL_FILTERS,
+    n_highway=2,
+    n_characters=262,
+    max_characters_per_token=50,
+    activation="relu",
+    n_layers=2,
+    lstm_dim=4096,
+    projection_dim=512,
+    cell_clip=3.0,
+    proj_clip=3.0,
+    use_skip_connections=True,
+)
+
+PRESETS: dict[str, ModelOptions] = {
+    # The published model sizes (elmo_2x4096_512_2048cnn_2xhighway etc.).
+    "original": _BASE,
+    "medium": replace(_BASE, lstm_dim=2048, projection_dim=256, n_highway=1),
+    "small": replace(
+        _BASE,
+        lstm_dim=1024,
+        projection_dim=128,
+        n_highway=1,
+        filters=((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)),
+    ),
+    # Tiny: the shape of the bilm-tf test fixture, fast enough for unit tests.
+    "tiny": replace(
+        _BASE,
+        char_embedding_dim=4,
+        filters=((1, 4), (2, 8), (3, 16), (4, 32), (5, 64)),
+        lstm_dim=64,
+        projection_dim=16,
+    ),
+}
+
+
+def preset_options(name: str) -> ModelOptions:
+    """Options of a named size: one of :data:`PRESETS`."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model size {name!r}; choose from {sorted(PRESETS)}") from None
+
+
+def weight_shapes(options: ModelOptions) -> dict[str, tuple[int, ...]]:
+    """Every dataset of the original weight file with its shape."""
+    c, p, d, nf = options.char_embedding_dim, options.projection_dim, options.lstm_dim, options.n_filters
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (options.n_characters - 1, c)}
+    for i, (width, num) in enumerate(options.filters):
+        shapes[f"CNN/W_cnn_{i}"] = (1, width, c, num)
+        shapes[f"CNN/b_cnn_{i}"] = (num,)
+    for k in range(options.n_highway):
+        for part in ("carry", "transform"):
+            shapes[f"CNN_high_{k}/W_{part}"] = (nf, nf)
+            shapes[f"CNN_high_{k}/b_{part}"] = (nf,)
+    shapes["CNN_proj/W_proj"] = (nf, p)
+    shapes["CNN_proj/b_proj"] = (p,)
+    for direction in (0, 1):
+        for layer in range(options.n_layers):
+            prefix = f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+            shapes[f"{prefix}/W_0"] = (2 * p, 4 * d)
+            shapes[f"{prefix}/B"] = (4 * d,)
+            shapes[f"{prefix}/W_P_0"] = (d, p)
+    return shapes
+
+
+def write_random_model(
+    directory: str | Path,
+    options: ModelOptions | str = "tiny",
+    *,
+    seed: int = 0,
+    scale: float = 1.0,
+    name: str = "model",
+) -> tuple[Path, Path]:
+    """Write ``{name}_options.json`` and ``{name}_weights.hdf5`` with random weights.
+
+    Weights are drawn N(0, 1/fan_in) (so activations keep a realistic size) and
+    multiplied by ``scale``: a scale of 3 or more drives the LSTM cells into the
+    cell and projection clips. Returns ``(options_path, weights_path)``.
+    """
+    if isinstance(options, str):
+        options = preset_options(options)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    options_path = directory / f"{name}_options.json"
+    weights_path = directory / f"{name}_weights.hdf5"
+    options_path.write_text(json.dumps(options.to_dict(), indent=2), encoding="utf-8")
+    rng = np.random.default_rng(seed)
+    with h5py.File(weights_path, "w") as f:
+        for dataset, shape in weight_shapes(options).items():
+            fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
+            std = 1.0 if dataset == "char_embed" else (0.1 if len(shape) == 1 else fan_in**-0.5)
+            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(std * scale)
+            f.create_dataset(dataset, data=data)
+    return options_path, weights_path

@@ -1,0 +1,1 @@
+"""The FastAPI server (installed as ``elmo_cache.server``)."""
