@@ -1,0 +1,431 @@
+"""The public ELMo encoder: token lists in, three layers of contextual vectors out.
+
+>>> enc = Encoder.from_files("options.json", "weights.hdf5")   # doctest: +SKIP
+>>> enc.embed_sentence(["The", "cat", "sat", "."]).shape        # doctest: +SKIP
+(3, 4, 1024)
+
+Stateless by default: every sentence starts from the same initial LSTM state, so
+its vectors do not depend on which batch, padding or order it comes in. The original
+implementation instead carries the LSTM state from one batch to the next, row by
+row; ``initial_state="carry"`` reproduces that (for comparisons with it only), and
+``initial_state="warm"`` starts every sentence from the fixed state reached after
+reading :data:`WARMUP_TEXT`, which its maintainers noted is closer to the state the
+model saw in training than zeros.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from elmo_cache.chars import word_char_ids
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model import BiLM, PackedBatch
+from elmo_cache.options import ModelOptions
+from elmo_cache.weights import load_weights
+
+__all__ = ["Encoder", "PRECISIONS", "INITIAL_STATES", "WARMUP_TEXT"]
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+INITIAL_STATES = ("zero", "warm", "carry")
+
+# Fixed text whose final LSTM state is the "warm" initial state. Changing it changes
+# every warm encoding, so it is versioned by its hash in ``Encoder.identity``.
+WARMUP_TEXT = (
+    "The committee met on Tuesday to discuss the new budget .",
+    "Officials said the plan would be published later this year , after a public consultation .",
+    "It was not clear how many people would be affected by the changes .",
+    "\" We are confident that this is the right decision , \" she said .",
+)
+
+DEFAULT_BATCH_TOKENS = 8192
+DEFAULT_WORD_CACHE_SIZE = 20000
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidParameterError(f"device: {device!r} is not a device; choose 'cpu', 'cuda' or 'cuda:N'") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidParameterError(f"device: {device!r} requested but CUDA is not available here; use 'cpu'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise InvalidParameterError(f"device: {device!r} does not exist ({torch.cuda.device_count()} CUDA devices)")
+    elif resolved.type != "cpu":
+        raise InvalidParameterError(f"device: {device!r} is not supported; choose 'cpu', 'cuda' or 'cuda:N'")
+    return resolved
+
+
+def _check_precision(precision: str, device: torch.device) -> torch.dtype:
+    if precision not in PRECISIONS:
+        raise InvalidParameterError(f"precision: {precision!r} is not one of {list(PRECISIONS)}")
+    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise InvalidParameterError("precision: this GPU has no bf16 support; use 'fp16' or 'fp32'")
+    return PRECISIONS[precision]
+
+
+def _validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
+    for i, sentence in enumerate(sentences):
+        if isinstance(sentence, str):
+            raise InvalidParameterError(
+                f"sentence {i}: expected a list of tokens, got a string; split it first "
+                "(elmo_cache.tokenize) or call embed_sentence(tokens)"
+            )
+
+
+class Encoder:
+    """An ELMo biLM on one device, turning tokenised sentences into vectors."""
+
+    def __init__(
+        self,
+        options: ModelOptions,
+        bilm: BiLM,
+        *,
+        device: torch.device,
+        precision: str,
+        initial_state: str = "zero",
+        name: str | None = None,
+        weight_file: Path | None = None,
+        word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
+    ):
+        if initial_state not in INITIAL_STATES:
+            raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
+        self.options = options
+        self.bilm = bilm
+        self.device = device
+        self.precision = precision
+        self.initial_state = initial_state
+        self.name = name
+        self.weight_file = weight_file
+        self.output_dim = options.output_dim
+        self.n_layers = options.n_layers + 1
+        self._word_cache_size = word_cache_size
+        self._word_slots: dict[str, int] = {}
+        self._word_table = torch.empty(0, options.projection_dim, device=device)
+        n_lstm, p, d = options.n_layers, options.projection_dim, options.lstm_dim
+        self._h0 = torch.zeros(n_lstm, 2, 1, p, device=device)
+        self._c0 = torch.zeros(n_lstm, 2, 1, d, device=device)
+        self._carry_h = torch.zeros(n_lstm, 2, 0, p, device=device)
+        self._carry_c = torch.zeros(n_lstm, 2, 0, d, device=device)
+        if initial_state == "warm":
+            self._h0, self._c0 = self._warm_state()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_files(
+        cls,
+        options_file: str | os.PathLike[str],
+        weight_file: str | os.PathLike[str],
+        *,
+        device: str | torch.device | None = None,
+        precision: str = "fp32",
+        initial_state: str = "zero",
+        name: str | None = None,
+        word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
+    ) -> Encoder:
+        """Load an ELMo ``options.json`` + weights HDF5 in the original (bilm-tf) layout.
+
+        ``device``: None = CUDA when available, else CPU. ``precision``: "fp32" (exact),
+        "bf16" or "fp16" (matmuls in reduced precision, LSTM cell state in fp32).
+        ``initial_state``: "zero" (default), "warm" or "carry" (see the module docstring).
+        """
+        resolved = _resolve_device(device)
+        dtype = _check_precision(precision, resolved)
+        if initial_state not in INITIAL_STATES:
+            raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
+        options = ModelOptions.from_file(options_file)
+        weights = load_weights(weight_file, options, options_source=str(options_file))
+        bilm = BiLM(options, weights, compute_dtype=dtype)
+        del weights
+        bilm.to_device(resolved)
+        return cls(
+            options,
+            bilm,
+            device=resolved,
+            precision=precision,
+            initial_state=initial_state,
+            name=name or Path(weight_file).stem,
+            weight_file=Path(weight_file),
+            word_cache_size=word_cache_size,
+        )
+
+    @classmethod
+    def load(
+        cls,
+        model: str | os.PathLike[str] = "original",
+        *,
+        device: str | torch.device | None = None,
+        precision: str = "fp32",
+        initial_state: str = "zero",
+        word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
+    ) -> Encoder:
+        """Load a published model by name ("original", "medium", "small", "original-5.5b"),
+        downloading it once into the model cache, or a local directory with one options
+        JSON and one weights HDF5."""
+        from elmo_cache.models import resolve_model
+
+        options_file, weight_file, name = resolve_model(model)
+        return cls.from_files(
+            options_file,
+            weight_file,
+            device=device,
+            precision=precision,
+            initial_state=initial_state,
+            name=name,
+            word_cache_size=word_cache_size,
+        )
+
+    # ----------------------------------------------------------------- identity
+    @cached_property
+    def weights_sha256(self) -> str | None:
+        """SHA-256 of the weight file (computed once, on first use)."""
+        if self.weight_file is None:
+            return None
+        digest = hashlib.sha256()
+        with open(self.weight_file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What determines this encoder's vectors, JSON-serialisable (stored in cache metadata)."""
+        identity: dict[str, Any] = {
+            "name": self.name,
+            "options": self.options.to_dict(),
+            "weights_sha256": self.weights_sha256,
+            "initial_state": self.initial_state,
+            "precision": self.precision,
+        }
+        if self.initial_state == "warm":
+            identity["warmup_sha256"] = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
+        return identity
+
+    def __repr__(self) -> str:
+        return (
+            f"Encoder(name={self.name!r}, dim={self.output_dim}, device={str(self.device)!r}, "
+            f"precision={self.precision!r}, initial_state={self.initial_state!r})"
+        )
+
+    # ------------------------------------------------------------------- public
+    def embed_batch(self, sentences: Sequence[Sequence[str]], *, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[np.ndarray]:
+        """Vectors of each sentence, ``(3, n_tokens, output_dim)`` float32, in input order.
+
+        Layer 0 is the char-CNN token vector duplicated to the LSTM layers' width, as in
+        the original. Large inputs are split into length-sorted sub-batches of at most
+        ``batch_tokens`` tokens (except in "carry" mode, where the batch is the unit).
+        """
+        _validate_sentences(sentences)
+        results: list[np.ndarray | None] = [None] * len(sentences)
+        for indices in self._plan_batches(sentences, batch_tokens):
+            flat, offsets = self._encode_flat([sentences[i] for i in indices])
+            array = flat.cpu().numpy()
+            for k, i in enumerate(indices):
+                results[i] = np.ascontiguousarray(array[:, offsets[k] : offsets[k + 1]])
+        return results  # type: ignore[return-value]
+
+    def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
+        """Vectors of one tokenised sentence, ``(3, n_tokens, output_dim)`` float32."""
+        if isinstance(tokens, str):
+            raise InvalidParameterError("embed_sentence expects a list of tokens; use elmo_cache.tokenize(text) first")
+        return self.embed_batch([tokens])[0]
+
+    def embed_sentences(
+        self,
+        sentences: Iterable[Sequence[str]],
+        *,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        window: int = 8,
+    ) -> Iterator[np.ndarray]:
+        """Stream vectors for an iterable of token lists, in input order.
+
+        Reads about ``window * batch_tokens`` tokens ahead, sorts them by length into
+        batches of at most ``batch_tokens`` tokens, and yields results in input order.
+        """
+        buffer: list[Sequence[str]] = []
+        tokens = 0
+        for sentence in sentences:
+            buffer.append(sentence)
+            tokens += len(sentence) + 2
+            if tokens >= window * batch_tokens:
+                yield from self.embed_batch(buffer, batch_tokens=batch_tokens)
+                buffer, tokens = [], 0
+        if buffer:
+            yield from self.embed_batch(buffer, batch_tokens=batch_tokens)
+
+    def encode_padded(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch as a padded tensor on the encoder's device.
+
+        Returns ``(acts, lengths)``: ``acts`` float32 ``(batch, 3, max_tokens, output_dim)``,
+        zero beyond each sentence's length, in input order; ``lengths`` int64 on the CPU.
+        """
+        _validate_sentences(sentences)
+        lengths = torch.tensor([len(s) for s in sentences], dtype=torch.int64)
+        max_tokens = int(lengths.max()) if len(sentences) else 0
+        acts = torch.zeros(len(sentences), self.n_layers, max_tokens, self.output_dim, device=self.device)
+        if max_tokens == 0:
+            return acts, lengths
+        flat, offsets = self._encode_flat(sentences)
+        sentence_of_token = torch.repeat_interleave(torch.arange(len(sentences)), lengths)
+        position = torch.arange(int(offsets[-1])) - torch.repeat_interleave(torch.as_tensor(offsets[:-1]), lengths)
+        index = (sentence_of_token * max_tokens + position).to(self.device)
+        view = acts.view(len(sentences), self.n_layers, -1).transpose(0, 1).reshape(self.n_layers, -1, self.output_dim)
+        view.index_copy_(1, index, flat)
+        acts = view.reshape(self.n_layers, len(sentences), max_tokens, self.output_dim).transpose(0, 1).contiguous()
+        return acts, lengths
+
+    def reset_state(self) -> None:
+        """Forget the carried-over state ("carry" mode): the next batch starts from zeros."""
+        self._carry_h = self._carry_h[:, :, :0]
+        self._carry_c = self._carry_c[:, :, :0]
+
+    # ----------------------------------------------------------------- internals
+    def _plan_batches(self, sentences: Sequence[Sequence[str]], batch_tokens: int) -> list[list[int]]:
+        if batch_tokens < 1:
+            raise InvalidParameterError(f"batch_tokens: must be positive, got {batch_tokens}")
+        if self.initial_state == "carry":
+            return [list(range(len(sentences)))] if sentences else []
+        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
+        batches: list[list[int]] = []
+        current: list[int] = []
+        tokens = 0
+        for i in order:
+            cost = len(sentences[i]) + 2
+            if current and tokens + cost > batch_tokens:
+                batches.append(current)
+                current, tokens = [], 0
+            current.append(i)
+            tokens += cost
+        if current:
+            batches.append(current)
+        return batches
+
+    def _word_embeddings(self, words: list[str]) -> torch.Tensor:
+        """Char-CNN vectors of distinct words, served from the per-word cache when possible.
+
+        The char-CNN is context-independent, so caching it per word type is exact.
+        """
+        slots = self._word_slots
+        missing = [w for w in words if w not in slots]
+        new_vectors = None
+        if missing:
+            max_chars = self.options.max_characters_per_token
+            ids = torch.from_numpy(np.stack([word_char_ids(w, max_chars) for w in missing])).to(self.device)
+            new_vectors = self.bilm.token_embeddings(ids)
+            room = self._word_cache_size - len(slots)
+            if room > 0:
+                keep = missing[:room]
+                base = len(slots)
+                self._word_table = torch.cat([self._word_table, new_vectors[: len(keep)]])
+                for k, word in enumerate(keep):
+                    slots[word] = base + k
+        if new_vectors is None:
+            index = torch.tensor([slots[w] for w in words], device=self.device)
+            return self._word_table.index_select(0, index)
+        table = torch.cat([self._word_table, new_vectors])
+        fresh = {w: len(self._word_table) + k for k, w in enumerate(missing)}
+        index = torch.tensor([slots[w] if w in slots else fresh[w] for w in words], device=self.device)
+        return table.index_select(0, index)
+
+    def _initial_states(self, order: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = len(order)
+        if self.initial_state != "carry":
+            return (
+                self._h0.expand(-1, -1, batch, -1).contiguous(),
+                self._c0.expand(-1, -1, batch, -1).contiguous(),
+            )
+        self._grow_carry(batch)
+        index = torch.tensor(order, device=self.device)
+        return self._carry_h.index_select(2, index), self._carry_c.index_select(2, index)
+
+    def _grow_carry(self, batch: int) -> None:
+        have = self._carry_h.shape[2]
+        if batch > have:
+            pad_h = torch.zeros(*self._carry_h.shape[:2], batch - have, self._carry_h.shape[3], device=self.device)
+            pad_c = torch.zeros(*self._carry_c.shape[:2], batch - have, self._carry_c.shape[3], device=self.device)
+            self._carry_h = torch.cat([self._carry_h, pad_h], dim=2)
+            self._carry_c = torch.cat([self._carry_c, pad_c], dim=2)
+
+    @torch.inference_mode()
+    def _encode_flat(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, np.ndarray]:
+        """Encode one batch; returns ``(3, n_tokens_total, output_dim)`` on the device and the
+        token offsets of each sentence (length ``len(sentences) + 1``), input order."""
+        batch = len(sentences)
+        n_tokens = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=batch)
+        offsets = np.zeros(batch + 1, dtype=np.int64)
+        np.cumsum(n_tokens, out=offsets[1:])
+        if batch == 0 or offsets[-1] == 0 and self.initial_state != "carry":
+            return torch.zeros(self.n_layers, int(offsets[-1]), self.output_dim, device=self.device), offsets
+
+        # Token embeddings of "<S> tokens </S>" for every sentence, input order.
+        distinct: dict[str, int] = {"<S>": 0, "</S>": 1}
+        token_ids = np.empty(int(offsets[-1]) + 2 * batch, dtype=np.int64)
+        position = 0
+        for sentence in sentences:
+            token_ids[position] = 0
+            for k, token in enumerate(sentence, start=position + 1):
+                token_ids[k] = distinct.setdefault(token, len(distinct))
+            position += len(sentence) + 2
+            token_ids[position - 1] = 1
+        word_vectors = self._word_embeddings(list(distinct))
+        embedded = word_vectors.index_select(0, torch.from_numpy(token_ids).to(self.device))  # (n_with_bounds, P)
+
+        # Pack longest first; row starts[t] + k is step t of sorted sentence k.
+        seq_lengths = n_tokens + 2
+        order = sorted(range(batch), key=lambda i: -seq_lengths[i])
+        lengths_sorted = seq_lengths[order]
+        packed = PackedBatch(lengths_sorted.tolist())
+        seq_starts = np.zeros(batch + 1, dtype=np.int64)
+        np.cumsum(seq_lengths, out=seq_starts[1:])
+        sorted_sentence = np.repeat(np.arange(batch), lengths_sorted)
+        step = np.arange(packed.n_rows) - np.repeat(np.cumsum(lengths_sorted) - lengths_sorted, lengths_sorted)
+        rows = np.asarray(packed.starts[:-1], dtype=np.int64)[step] + sorted_sentence
+        first = seq_starts[:-1][order][sorted_sentence]
+        forward_source = np.empty(packed.n_rows, dtype=np.int64)
+        backward_source = np.empty(packed.n_rows, dtype=np.int64)
+        forward_source[rows] = first + step
+        backward_source[rows] = first + lengths_sorted[sorted_sentence] - 1 - step
+        forward_index = torch.from_numpy(forward_source).to(self.device)
+        backward_index = torch.from_numpy(backward_source).to(self.device)
+
+        inputs = torch.stack([embedded.index_select(0, forward_index), embedded.index_select(0, backward_index)])
+        h0, c0 = self._initial_states(order)
+        layer_outputs, final_h, final_c = self.bilm.lstm_layers(inputs, packed, h0, c0)
+        if self.initial_state == "carry":
+            index = torch.tensor(order, device=self.device)
+            self._carry_h.index_copy_(2, index, final_h)
+            self._carry_c.index_copy_(2, index, final_c)
+
+        # Back to input order, drop <S>/</S>, layer 0 = token vector twice.
+        keep = torch.from_numpy(np.delete(np.arange(len(token_ids)), np.concatenate([seq_starts[:-1], seq_starts[1:] - 1]))).to(self.device)
+        p = self.options.projection_dim
+        out = torch.empty(self.n_layers, len(token_ids), self.output_dim, device=self.device)
+        out[0, :, :p] = embedded
+        out[0, :, p:] = embedded
+        for layer, hidden in enumerate(layer_outputs, start=1):
+            out[layer, :, :p].index_copy_(0, forward_index, hidden[0])
+            out[layer, :, p:].index_copy_(0, backward_index, hidden[1])
+        return out.index_select(1, keep), offsets
+
+    def _warm_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final state after reading WARMUP_TEXT sentence by sentence from zeros, carrying state."""
+        saved_mode = self.initial_state
+        self.initial_state = "carry"
+        self.reset_state()
+        try:
+            for sentence in WARMUP_TEXT:
+                self._encode_flat([sentence.split()])
+            return self._carry_h.clone(), self._carry_c.clone()
+        finally:
+            self.initial_state = saved_mode
+            self.reset_state()

@@ -1,0 +1,190 @@
+"""The ELMo biLM computation in PyTorch: char-CNN, highway, projection, biLSTM.
+
+Inference only, written for throughput on packed (length-sorted) batches:
+
+* Both LSTM directions run together as one batched matmul (dim 0 = direction).
+* The input-to-gate products are computed for many timesteps at once (one large
+  GEMM per chunk of steps); only the recurrent product stays inside the loop.
+* Sentences are sorted by length, longest first, so at step ``t`` the live
+  sentences are a prefix of the batch: no padding is ever computed, and a finished
+  sentence's state simply stops being updated (which is also its final state).
+* Matmuls run in the compute dtype (float32, bfloat16 or float16); gate
+  non-linearities, the cell state and all outputs stay in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from elmo_cache.options import ModelOptions
+from elmo_cache.weights import ElmoWeights
+
+__all__ = ["BiLM", "PackedBatch"]
+
+# Rows per input-projection GEMM: big enough to run near peak, small enough that the
+# (2, rows, 4 * lstm_dim) gate buffer stays modest (2048 rows: 268 MB fp32 for the Original).
+_INPUT_CHUNK_ROWS = 2048
+
+
+class PackedBatch:
+    """Time-major packing of length-sorted sequences (longest first).
+
+    Row ``starts[t] + b`` holds timestep ``t`` of sequence ``b`` for ``b < sizes[t]``.
+    """
+
+    def __init__(self, lengths_sorted: list[int]):
+        self.lengths = lengths_sorted
+        self.max_len = lengths_sorted[0] if lengths_sorted else 0
+        sizes = []
+        live = len(lengths_sorted)
+        for t in range(self.max_len):
+            while live and lengths_sorted[live - 1] <= t:
+                live -= 1
+            sizes.append(live)
+        self.sizes = sizes
+        self.starts = [0]
+        for size in sizes:
+            self.starts.append(self.starts[-1] + size)
+        self.n_rows = self.starts[-1]
+
+
+class BiLM(torch.nn.Module):
+    """ELMo biLM weights on one device in one compute dtype."""
+
+    def __init__(self, options: ModelOptions, weights: ElmoWeights, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.options = options
+        self.compute_dtype = compute_dtype
+        cd = compute_dtype
+        # The embedding table stays float32: it is tiny and feeds the convolutions exactly.
+        self.register_buffer("char_embed", weights.char_embed)
+        self.conv_weights = [w.to(cd) for w, _ in weights.convolutions]
+        self.conv_biases = [b for _, b in weights.convolutions]
+        self.highways = [(wc.to(cd), bc, wt.to(cd), bt) for wc, bc, wt, bt in weights.highways]
+        self.proj_weight = weights.proj_weight.to(cd)
+        self.proj_bias = weights.proj_bias
+        self.lstm = [(layer.w_input.to(cd), layer.w_hidden.to(cd), layer.bias, layer.w_proj.to(cd)) for layer in weights.lstm]
+        self.activation = torch.relu if options.activation == "relu" else torch.tanh
+
+    def _tensors(self) -> list[torch.Tensor]:
+        tensors = [self.char_embed, *self.conv_weights, *self.conv_biases, self.proj_weight, self.proj_bias]
+        for highway in self.highways:
+            tensors.extend(highway)
+        for layer in self.lstm:
+            tensors.extend(layer)
+        return tensors
+
+    def to_device(self, device: torch.device) -> BiLM:
+        """Move every tensor to ``device`` (plain attributes are not nn buffers)."""
+        self.char_embed = self.char_embed.to(device)
+        self.conv_weights = [w.to(device) for w in self.conv_weights]
+        self.conv_biases = [b.to(device) for b in self.conv_biases]
+        self.highways = [tuple(t.to(device) for t in h) for h in self.highways]
+        self.proj_weight = self.proj_weight.to(device)
+        self.proj_bias = self.proj_bias.to(device)
+        self.lstm = [tuple(t.to(device) for t in layer) for layer in self.lstm]
+        return self
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(t.numel() for t in self._tensors())
+
+    # ---------------------------------------------------------------- char-CNN
+    @torch.inference_mode()
+    def token_embeddings(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(n_words, max_chars) +1-shifted char ids -> (n_words, projection_dim) float32."""
+        cd = self.compute_dtype
+        embedded = F.embedding(char_ids, self.char_embed).transpose(1, 2).to(cd)  # (n, C, max_chars)
+        pooled = []
+        for weight, bias in zip(self.conv_weights, self.conv_biases):
+            conv = F.conv1d(embedded, weight)  # (n, num, max_chars - width + 1)
+            # max-pool then activation, as the original (equal either way for monotonic activations)
+            pooled.append(self.activation(conv.amax(dim=2).float() + bias))
+        x = torch.cat(pooled, dim=1)
+        for w_carry, b_carry, w_transform, b_transform in self.highways:
+            xc = x.to(cd)
+            # The original's names are inverted: the "carry" matrix computes the gate
+            # that scales the *transformed* path.
+            gate = torch.sigmoid((xc @ w_carry).float() + b_carry)
+            transformed = torch.relu((xc @ w_transform).float() + b_transform)
+            x = torch.lerp(x, transformed, gate)  # gate * transformed + (1 - gate) * x
+        return (x.to(cd) @ self.proj_weight).float() + self.proj_bias
+
+    # ------------------------------------------------------------------ biLSTM
+    @torch.inference_mode()
+    def lstm_layers(
+        self,
+        inputs: torch.Tensor,
+        packed: PackedBatch,
+        initial_h: torch.Tensor,
+        initial_c: torch.Tensor,
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Run every LSTM layer over packed inputs.
+
+        ``inputs``: (2, n_rows, P) float32, direction 1 already time-reversed per sequence.
+        ``initial_h``: (n_layers, 2, batch, P), ``initial_c``: (n_layers, 2, batch, D), float32,
+        rows in sorted order. Returns the per-layer outputs (2, n_rows, P) float32 (with the
+        skip connection applied) and the final states, same shapes as the initial ones.
+        """
+        options = self.options
+        final_h = initial_h.clone()
+        final_c = initial_c.clone()
+        outputs = []
+        x = inputs
+        for layer, weights in enumerate(self.lstm):
+            h_out = self._run_layer(x, packed, weights, final_h[layer], final_c[layer])
+            if layer > 0 and options.use_skip_connections:
+                h_out = h_out + x
+            outputs.append(h_out)
+            x = h_out
+        return outputs, final_h, final_c
+
+    def _run_layer(
+        self,
+        x: torch.Tensor,
+        packed: PackedBatch,
+        weights: tuple[torch.Tensor, ...],
+        h: torch.Tensor,
+        c: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer, both directions; updates ``h``/``c`` (2, batch, .) in place to final states."""
+        w_input, w_hidden, bias, w_proj = weights
+        cd = self.compute_dtype
+        lstm_dim = self.options.lstm_dim
+        cell_clip, proj_clip = self.options.cell_clip, self.options.proj_clip
+        out = torch.empty_like(x)
+        bias3 = bias.unsqueeze(1).to(cd)
+        x_cd = x.to(cd)
+        gates_x = None
+        chunk_end_step = 0
+        chunk_row0 = 0
+        for t in range(packed.max_len):
+            if t == chunk_end_step:
+                # Input projections of the next block of timesteps in one large GEMM.
+                chunk_row0 = packed.starts[t]
+                end = t + 1
+                while end < packed.max_len and packed.starts[end + 1] - chunk_row0 <= _INPUT_CHUNK_ROWS:
+                    end += 1
+                chunk_end_step = end
+                gates_x = torch.baddbmm(bias3, x_cd[:, chunk_row0 : packed.starts[end]], w_input)
+            n = packed.sizes[t]
+            r0 = packed.starts[t] - chunk_row0
+            gates = torch.baddbmm(gates_x[:, r0 : r0 + n], h[:, :n].to(cd), w_hidden).float()
+            sig = torch.sigmoid(gates[..., : 3 * lstm_dim])
+            candidate = torch.tanh(gates[..., 3 * lstm_dim :])
+            in_gate = sig[..., :lstm_dim]
+            forget_gate = sig[..., lstm_dim : 2 * lstm_dim]
+            out_gate = sig[..., 2 * lstm_dim :]
+            cell = torch.addcmul(forget_gate * c[:, :n], in_gate, candidate)
+            if cell_clip is not None:
+                cell.clamp_(-cell_clip, cell_clip)
+            hidden = out_gate * torch.tanh(cell)
+            projected = torch.bmm(hidden.to(cd), w_proj).float()
+            if proj_clip is not None:
+                projected.clamp_(-proj_clip, proj_clip)
+            row = packed.starts[t]
+            out[:, row : row + n] = projected
+            h[:, :n] = projected
+            c[:, :n] = cell
+        return out
