@@ -93,13 +93,16 @@ def write_random_model(
     *,
     seed: int = 0,
     scale: float = 1.0,
+    lstm_scale: float = 1.0,
     name: str = "model",
 ) -> tuple[Path, Path]:
     """Write ``{name}_options.json`` and ``{name}_weights.hdf5`` with random weights.
 
     Weights are drawn N(0, 1/fan_in) (so activations keep a realistic size) and
-    multiplied by ``scale``: a scale of 3 or more drives the LSTM cells into the
-    cell and projection clips. Returns ``(options_path, weights_path)``.
+    multiplied by ``scale``; LSTM datasets are further multiplied by ``lstm_scale``:
+    an ``lstm_scale`` of 3 or more drives the cells into the cell and projection
+    clips while the token embeddings keep a realistic size. Returns
+    ``(options_path, weights_path)``.
     """
     if isinstance(options, str):
         options = preset_options(options)
@@ -113,6 +116,7 @@ def write_random_model(
         for dataset, shape in weight_shapes(options).items():
             fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
             std = 1.0 if dataset == "char_embed" else (0.1 if len(shape) == 1 else fan_in**-0.5)
-            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(std * scale)
+            factor = scale * (lstm_scale if dataset.startswith("RNN_") else 1.0)
+            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(std * factor)
             f.create_dataset(dataset, data=data)
     return options_path, weights_path

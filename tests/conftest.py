@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny ELMo models generated in the original weight-file layout."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from elmo_cache.modelgen import PRESETS, write_random_model
+
+DATA = Path(__file__).parent / "data"
+GOLDEN = DATA / "bilm_tf_golden"
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    """The bilm-tf golden fixture (see tests/data/bilm_tf_golden/NOTICE.md)."""
+    return GOLDEN
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> tuple[Path, Path]:
+    """(options_path, weights_path) of a random tiny model (32-d outputs)."""
+    return write_random_model(tmp_path_factory.mktemp("tiny_model"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def clipping_model(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny model whose cell and projection clips fire thousands of times per corpus.
+
+    The clips are lowered (cell 1.0, projection 0.3) rather than the weights scaled up:
+    random LSTMs with large recurrent weights are chaotic and amplify float32 rounding
+    exponentially with sentence length, which would test the weights, not the code.
+    """
+    options = replace(PRESETS["tiny"], cell_clip=1.0, proj_clip=0.3)
+    return write_random_model(tmp_path_factory.mktemp("clipping_model"), options, seed=1, name="clipping")
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tiny_model):
+    from elmo_cache import Encoder
+
+    return Encoder.from_files(*tiny_model, device="cpu")

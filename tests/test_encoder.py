@@ -1,0 +1,192 @@
+"""The encoder against the original TensorFlow outputs and a plain reference."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from elmo_cache import Encoder
+from elmo_cache.errors import InvalidParameterError
+from reference_elmo import ReferenceElmo
+
+from conftest import requires_cuda
+
+WORDS = (
+    "the of and to a in is was that for it with as his on be at by I had not are but from or have an they which "
+    "one you were her all she there would their we him been has when who will more no if out so said what up its "
+    "about into than them can only other new some could time these two may then do first any my now such like "
+    "Zürich naïve 東京 ☃ supercalifragilisticexpialidocious-and-then-some-more-characters-than-fifty"
+).split()
+
+
+def random_sentences(count: int, seed: int, max_len: int = 45) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len, size=count)
+    return [list(rng.choice(WORDS, size=n)) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def golden_encoder(golden_dir):
+    return Encoder.from_files(golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def golden_sentences(golden_dir):
+    return json.loads((golden_dir / "sentences.json").read_text())
+
+
+def golden_top_layer(golden_dir, k: int, batch: int) -> np.ndarray:
+    with h5py.File(golden_dir / f"lm_embeddings_{k}.hdf5", "r") as f:
+        both = f[str(batch)][()]
+    return np.concatenate([both[0], both[1]], axis=-1)
+
+
+def test_token_embeddings_match_tensorflow_for_whole_vocabulary(golden_encoder, golden_dir):
+    vocab = [w for w in (golden_dir / "vocab_test.txt").read_text(encoding="utf-8").split("\n") if w]
+    with h5py.File(golden_dir / "elmo_token_embeddings.hdf5", "r") as f:
+        expected = f["embedding"][()]
+    assert len(vocab) == expected.shape[0] == 458
+    layer0 = np.stack([v[0, 0] for v in golden_encoder.embed_batch([[w] for w in vocab])])
+    p = expected.shape[1]
+    np.testing.assert_allclose(layer0[:, :p], expected, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(layer0[:, :p], layer0[:, p:])  # layer 0 is the token vector twice
+
+
+def test_first_golden_batch_matches_tensorflow(golden_encoder, golden_dir, golden_sentences):
+    batch = [golden_sentences[k][0].split() for k in range(3)]
+    vectors = golden_encoder.embed_batch(batch)
+    for k in range(3):
+        expected = golden_top_layer(golden_dir, k, 0)
+        assert vectors[k].shape == (3, len(batch[k]), 32)
+        np.testing.assert_allclose(vectors[k][2], expected, atol=1e-5, rtol=0)
+
+
+def test_carry_mode_matches_all_ten_stateful_golden_batches(golden_dir, golden_sentences):
+    encoder = Encoder.from_files(
+        golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", initial_state="carry"
+    )
+    for i in range(10):
+        batch = [golden_sentences[k][i].split() for k in range(3)]
+        vectors = encoder.embed_batch(batch)
+        for k in range(3):
+            np.testing.assert_allclose(vectors[k][2], golden_top_layer(golden_dir, k, i), atol=1e-5, rtol=0)
+
+
+def test_carry_mode_differs_from_stateless_after_first_batch(golden_dir, golden_sentences, golden_encoder):
+    carry = Encoder.from_files(golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", initial_state="carry")
+    batch = [golden_sentences[k][1].split() for k in range(3)]
+    carry.embed_batch([golden_sentences[k][0].split() for k in range(3)])
+    assert np.abs(carry.embed_batch(batch)[0] - golden_encoder.embed_batch(batch)[0]).max() > 1e-3
+    carry.reset_state()
+    np.testing.assert_allclose(carry.embed_batch(batch)[0], golden_encoder.embed_batch(batch)[0], atol=1e-6)
+
+
+def test_matches_plain_reference_with_clipping_and_skip_connections(clipping_model):
+    reference = ReferenceElmo(*clipping_model)
+    encoder = Encoder.from_files(*clipping_model, device="cpu")
+    sentences = random_sentences(12, seed=3, max_len=60) + [["a"], WORDS[-4:]]
+    fast = encoder.embed_batch(sentences)
+    for tokens, got in zip(sentences, fast):
+        np.testing.assert_allclose(got, reference.embed(tokens), atol=1e-5, rtol=0)
+    # The comparison only means something if both clips actually fired, many times.
+    assert reference.cell_clips > 1000
+    assert reference.proj_clips > 1000
+    assert max(np.abs(v[2]).max() for v in fast) > 0.3  # skip connection lifts layer 2 past proj_clip
+
+
+def test_same_sentence_same_vectors_in_any_batch(tiny_encoder):
+    sentences = random_sentences(64, seed=7)
+    target = sentences[17]
+    alone = tiny_encoder.embed_sentence(target)
+    in_batch = tiny_encoder.embed_batch(sentences)[17]
+    reversed_batch = tiny_encoder.embed_batch(sentences[::-1])[64 - 1 - 17]
+    split = tiny_encoder.embed_batch(sentences, batch_tokens=100)[17]
+    for other in (in_batch, reversed_batch, split):
+        assert np.abs(other - alone).max() <= 1e-5
+
+
+def test_shapes_empty_sentences_and_streaming(tiny_encoder):
+    sentences = [[], ["one"], [], ["two", "words"], []]
+    out = tiny_encoder.embed_batch(sentences)
+    assert [o.shape for o in out] == [(3, 0, 32), (3, 1, 32), (3, 0, 32), (3, 2, 32), (3, 0, 32)]
+    assert all(o.dtype == np.float32 for o in out)
+    assert tiny_encoder.embed_batch([]) == []
+    assert tiny_encoder.embed_batch([[]])[0].shape == (3, 0, 32)
+    many = random_sentences(40, seed=11)
+    streamed = list(tiny_encoder.embed_sentences(iter(many), batch_tokens=64, window=2))
+    for a, b in zip(streamed, tiny_encoder.embed_batch(many)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_encode_padded_matches_embed_batch(tiny_encoder):
+    sentences = random_sentences(9, seed=5) + [[]]
+    acts, lengths = tiny_encoder.encode_padded(sentences)
+    assert acts.shape == (10, 3, int(lengths.max()), 32)
+    for i, expected in enumerate(tiny_encoder.embed_batch(sentences)):
+        n = int(lengths[i])
+        np.testing.assert_allclose(acts[i, :, :n].numpy(), expected, atol=1e-6)
+        assert not acts[i, :, n:].any()
+
+
+def test_warm_state_is_deterministic_and_recorded(tiny_model):
+    first = Encoder.from_files(*tiny_model, device="cpu", initial_state="warm")
+    second = Encoder.from_files(*tiny_model, device="cpu", initial_state="warm")
+    zero = Encoder.from_files(*tiny_model, device="cpu")
+    tokens = ["A", "warm", "start", "."]
+    np.testing.assert_array_equal(first.embed_sentence(tokens), second.embed_sentence(tokens))
+    assert np.abs(first.embed_sentence(tokens)[1] - zero.embed_sentence(tokens)[1]).max() > 1e-4
+    np.testing.assert_allclose(first.embed_sentence(tokens)[0], zero.embed_sentence(tokens)[0], atol=1e-6)
+    assert first.identity["initial_state"] == "warm" and len(first.identity["warmup_sha256"]) == 64
+    # Stateless even when warm: batch composition does not matter.
+    batch = random_sentences(20, seed=2) + [tokens]
+    assert np.abs(first.embed_batch(batch)[-1] - first.embed_sentence(tokens)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("precision,tolerance", [("bf16", 0.1), ("fp16", 0.02)])
+def test_reduced_precision_stays_close_to_fp32(tiny_model, tiny_encoder, precision, tolerance):
+    reduced = Encoder.from_files(*tiny_model, device="cpu", precision=precision)
+    sentences = random_sentences(16, seed=9)
+    for a, b in zip(reduced.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
+        assert a.dtype == np.float32
+        assert np.abs(a - b).max() < tolerance
+        cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+        assert cos.min() > 0.99
+
+
+def test_bad_arguments_are_clear(tiny_model, tiny_encoder):
+    with pytest.raises(InvalidParameterError, match="precision.*'fp8'.*fp32"):
+        Encoder.from_files(*tiny_model, precision="fp8")
+    with pytest.raises(InvalidParameterError, match="initial_state"):
+        Encoder.from_files(*tiny_model, initial_state="hot")
+    with pytest.raises(InvalidParameterError, match="device"):
+        Encoder.from_files(*tiny_model, device="tpu")
+    with pytest.raises(InvalidParameterError, match="list of tokens"):
+        tiny_encoder.embed_batch(["not tokenised"])
+    with pytest.raises(InvalidParameterError, match="list of tokens"):
+        tiny_encoder.embed_sentence("not tokenised")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidParameterError, match="CUDA is not available"):
+            Encoder.from_files(*tiny_model, device="cuda")
+
+
+def test_identity_names_the_weights(tiny_model, tiny_encoder):
+    import hashlib
+
+    identity = tiny_encoder.identity
+    assert identity["weights_sha256"] == hashlib.sha256(tiny_model[1].read_bytes()).hexdigest()
+    assert identity["options"]["lstm"]["projection_dim"] == 16
+    json.dumps(identity)
+
+
+@requires_cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_cuda_matches_cpu(tiny_model, tiny_encoder, precision):
+    gpu = Encoder.from_files(*tiny_model, device="cuda", precision=precision)
+    sentences = random_sentences(32, seed=4)
+    tolerance = 1e-4 if precision == "fp32" else 0.1
+    for a, b in zip(gpu.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
+        assert np.abs(a - b).max() < tolerance
