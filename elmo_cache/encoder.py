@@ -47,6 +47,9 @@ WARMUP_TEXT = (
 
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_WORD_CACHE_SIZE = 20000
+# Models with at least this many LSTM cells get the compiled (fused) cell by default: the
+# one-off compile (seconds) pays back within the first batches; tiny models never recoup it.
+FUSE_MIN_LSTM_DIM = 1024
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
@@ -97,6 +100,7 @@ class Encoder:
         name: str | None = None,
         weight_file: Path | None = None,
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
+        fuse_cell: bool | None = None,
     ):
         if initial_state not in INITIAL_STATES:
             raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
@@ -108,6 +112,7 @@ class Encoder:
         self.name = name
         self.weight_file = weight_file
         self.output_dim = options.output_dim
+        bilm.fused = options.lstm_dim >= FUSE_MIN_LSTM_DIM if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
         self._word_cache_size = word_cache_size
         self._word_slots: dict[str, int] = {}
@@ -132,12 +137,16 @@ class Encoder:
         initial_state: str = "zero",
         name: str | None = None,
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
+        fuse_cell: bool | None = None,
     ) -> Encoder:
         """Load an ELMo ``options.json`` + weights HDF5 in the original (bilm-tf) layout.
 
         ``device``: None = CUDA when available, else CPU. ``precision``: "fp32" (exact),
         "bf16" or "fp16" (matmuls in reduced precision, LSTM cell state in fp32).
         ``initial_state``: "zero" (default), "warm" or "carry" (see the module docstring).
+        ``word_cache_size``: how many distinct words keep their char-CNN vector (exact reuse).
+        ``fuse_cell``: compile the LSTM cell update into one kernel (None: for models with
+        at least 1024 LSTM cells).
         """
         resolved = _resolve_device(device)
         dtype = _check_precision(precision, resolved)
@@ -157,6 +166,7 @@ class Encoder:
             name=name or Path(weight_file).stem,
             weight_file=Path(weight_file),
             word_cache_size=word_cache_size,
+            fuse_cell=fuse_cell,
         )
 
     @classmethod
@@ -168,6 +178,7 @@ class Encoder:
         precision: str = "fp32",
         initial_state: str = "zero",
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
+        fuse_cell: bool | None = None,
     ) -> Encoder:
         """Load a published model by name ("original", "medium", "small", "original-5.5b"),
         downloading it once into the model cache, or a local directory with one options
@@ -183,6 +194,7 @@ class Encoder:
             initial_state=initial_state,
             name=name,
             word_cache_size=word_cache_size,
+            fuse_cell=fuse_cell,
         )
 
     # ----------------------------------------------------------------- identity

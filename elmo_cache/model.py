@@ -14,6 +14,8 @@ Inference only, written for throughput on packed (length-sorted) batches:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +68,8 @@ class BiLM(torch.nn.Module):
         self.proj_bias = weights.proj_bias
         self.lstm = [(layer.w_input.to(cd), layer.w_hidden.to(cd), layer.bias, layer.w_proj.to(cd)) for layer in weights.lstm]
         self.activation = torch.relu if options.activation == "relu" else torch.tanh
+        # Fuse the LSTM cell's element-wise work with torch.compile (set by the encoder).
+        self.fused = False
 
     def _tensors(self) -> list[torch.Tensor]:
         tensors = [self.char_embed, *self.conv_weights, *self.conv_biases, self.proj_weight, self.proj_bias]
@@ -148,17 +152,20 @@ class BiLM(torch.nn.Module):
         h: torch.Tensor,
         c: torch.Tensor,
     ) -> torch.Tensor:
-        """One layer, both directions; updates ``h``/``c`` (2, batch, .) in place to final states."""
+        """One layer, both directions; writes final states into ``h``/``c`` (2, batch, .)."""
         w_input, w_hidden, bias, w_proj = weights
         cd = self.compute_dtype
-        lstm_dim = self.options.lstm_dim
-        cell_clip, proj_clip = self.options.cell_clip, self.options.proj_clip
+        cell_clip = float("inf") if self.options.cell_clip is None else float(self.options.cell_clip)
+        proj_clip = self.options.proj_clip
+        cell_step = _fused_cell if self.fused else _lstm_cell
         out = torch.empty_like(x)
         bias3 = bias.unsqueeze(1).to(cd)
         x_cd = x.to(cd)
         gates_x = None
         chunk_end_step = 0
         chunk_row0 = 0
+        h_prev = h.to(cd)
+        c_prev = c
         for t in range(packed.max_len):
             if t == chunk_end_step:
                 # Input projections of the next block of timesteps in one large GEMM.
@@ -170,21 +177,51 @@ class BiLM(torch.nn.Module):
                 gates_x = torch.baddbmm(bias3, x_cd[:, chunk_row0 : packed.starts[end]], w_input)
             n = packed.sizes[t]
             r0 = packed.starts[t] - chunk_row0
-            gates = torch.baddbmm(gates_x[:, r0 : r0 + n], h[:, :n].to(cd), w_hidden).float()
-            sig = torch.sigmoid(gates[..., : 3 * lstm_dim])
-            candidate = torch.tanh(gates[..., 3 * lstm_dim :])
-            in_gate = sig[..., :lstm_dim]
-            forget_gate = sig[..., lstm_dim : 2 * lstm_dim]
-            out_gate = sig[..., 2 * lstm_dim :]
-            cell = torch.addcmul(forget_gate * c[:, :n], in_gate, candidate)
-            if cell_clip is not None:
-                cell.clamp_(-cell_clip, cell_clip)
-            hidden = out_gate * torch.tanh(cell)
+            gates_h = torch.bmm(h_prev[:, :n], w_hidden)
+            hidden, cell = cell_step(gates_x[:, r0 : r0 + n], gates_h, c_prev[:, :n], cell_clip)
             projected = torch.bmm(hidden.to(cd), w_proj).float()
             if proj_clip is not None:
                 projected.clamp_(-proj_clip, proj_clip)
             row = packed.starts[t]
             out[:, row : row + n] = projected
-            h[:, :n] = projected
-            c[:, :n] = cell
+            # Sequences only ever leave the live prefix, so the newest tensors serve as the
+            # state of the next step without copying; sequences ending now keep theirs.
+            n_next = packed.sizes[t + 1] if t + 1 < packed.max_len else 0
+            if n_next < n:
+                h[:, n_next:n] = projected[:, n_next:n]
+                c[:, n_next:n] = cell[:, n_next:n]
+            h_prev = projected.to(cd)
+            c_prev = cell
         return out
+
+
+def _lstm_cell(gates_x: torch.Tensor, gates_h: torch.Tensor, c: torch.Tensor, cell_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate non-linearities and cell update in float32; gate columns are i, f, o, j."""
+    d = c.shape[-1]
+    gates = gates_x.float() + gates_h.float()
+    sig = torch.sigmoid(gates[..., : 3 * d])
+    candidate = torch.tanh(gates[..., 3 * d :])
+    cell = torch.addcmul(sig[..., d : 2 * d] * c, sig[..., :d], candidate).clamp_(-cell_clip, cell_clip)
+    return sig[..., 2 * d :] * torch.tanh(cell), cell
+
+
+_compiled_cell = None
+_compile_failed = False
+
+
+def _fused_cell(gates_x: torch.Tensor, gates_h: torch.Tensor, c: torch.Tensor, cell_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_lstm_cell` compiled into one kernel: the cell update is memory-bound, and
+    fusing its ~8 passes over the (2, batch, 4 * lstm_dim) gates into one pays on every
+    device. Falls back to the eager version (same numbers within float32 round-off)
+    where torch.compile cannot build a kernel, e.g. without a C++ compiler."""
+    global _compiled_cell, _compile_failed
+    if _compile_failed:
+        return _lstm_cell(gates_x, gates_h, c, cell_clip)
+    if _compiled_cell is None:
+        _compiled_cell = torch.compile(_lstm_cell, dynamic=True)
+    try:
+        return _compiled_cell(gates_x, gates_h, c, cell_clip)
+    except Exception as exc:  # noqa: BLE001 - any backend failure means "use eager"
+        _compile_failed = True
+        warnings.warn(f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2)
+        return _lstm_cell(gates_x, gates_h, c, cell_clip)

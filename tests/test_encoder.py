@@ -190,3 +190,16 @@ def test_cuda_matches_cpu(tiny_model, tiny_encoder, precision):
     tolerance = 1e-4 if precision == "fp32" else 0.1
     for a, b in zip(gpu.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
         assert np.abs(a - b).max() < tolerance
+
+
+def test_fused_cell_matches_eager_with_clipping(clipping_model):
+    """The compiled cell (default for full-size models) against the eager one and the reference."""
+    eager = Encoder.from_files(*clipping_model, device="cpu", fuse_cell=False)
+    fused = Encoder.from_files(*clipping_model, device="cpu", fuse_cell=True)
+    reference = ReferenceElmo(*clipping_model)
+    sentences = random_sentences(10, seed=21, max_len=50)
+    for tokens, a, b in zip(sentences, fused.embed_batch(sentences), eager.embed_batch(sentences)):
+        assert np.abs(a - b).max() <= 1e-5
+        np.testing.assert_allclose(a, reference.embed(tokens), atol=1e-5, rtol=0)
+    alone = fused.embed_sentence(sentences[3])
+    assert np.abs(alone - fused.embed_batch(sentences)[3]).max() <= 1e-5
