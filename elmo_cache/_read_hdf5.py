@@ -3,7 +3,8 @@
 FORMAT.md makes every dataset contiguous, unchunked and unfiltered, so its bytes sit at
 one offset in the file. h5py is used only to read the metadata and those offsets; its
 handle is closed before this function returns, so nothing of h5py (whose handles must not
-cross a fork) lives in the returned arrays. The arrays are plain ``numpy.memmap`` objects:
+cross a fork) lives in the returned arrays. The arrays are ``numpy.memmap`` maps (handed on
+as plain ndarray views of them):
 zero copy, shared between DataLoader workers through the page cache, opened in constant
 time whatever the cache size.
 """
@@ -85,5 +86,6 @@ def open_hdf5(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, np.nda
                 f"{path}: dataset {name!r} needs bytes {offset}..{offset + nbytes} but the file has {size}; truncated"
             )
         else:
-            arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+            # Handed on as a plain ndarray view of the map (indexing np.memmap runs Python code per call).
+            arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
     return raw, arrays

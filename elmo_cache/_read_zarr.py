@@ -71,6 +71,15 @@ class ChunkedArray:
     def _load_chunk(self, c: int) -> np.ndarray:
         raise NotImplementedError
 
+    def item(self, i: int) -> Any:
+        """Element ``i`` (0 <= i < len) of a 1-D array as a Python scalar: the reader's hot path."""
+        c, r = divmod(i, self.chunk_rows)
+        return self._load_chunk(c).item(r)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` (0 <= start <= stop <= len): one view when inside one chunk, else a copy."""
+        return self._rows(start, stop)
+
     def chunk(self, c: int) -> np.ndarray:
         """Chunk ``c``, restricted to the rows that exist."""
         block = self._load_chunk(c)
@@ -112,13 +121,13 @@ class ChunkedArray:
         parts = [self._load_chunk(c0)[r0:]]
         parts.extend(self._load_chunk(c) for c in range(c0 + 1, c1))
         parts.append(self._load_chunk(c1)[: r1 + 1])
-        return np.concatenate(parts)
+        joined = np.concatenate(parts)
+        joined.setflags(write=False)  # read-only like the mapped views, whichever path served it
+        return joined
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        whole = self._rows(0, self.shape[0])
-        if self.n_chunks <= 1:
-            whole = np.array(whole)  # never hand out a view that would pin a mapping by surprise
-        return whole if dtype is None else whole.astype(dtype, copy=False)
+        # Always a fresh, writable array: never a view that would pin a mapping by surprise.
+        return np.array(self._rows(0, self.shape[0]), dtype=dtype)
 
     def contiguous(self) -> np.ndarray | None:
         """The whole array as one memory-mapped view when it is a single mapped chunk, else None."""
@@ -171,7 +180,8 @@ class MappedChunks(ChunkedArray):
                     f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
                     f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
                 )
-            block = np.memmap(path, dtype=self.dtype, mode="r", shape=self._chunk_shape)
+            # A plain ndarray view of the map: indexing np.memmap itself runs Python code per call.
+            block = np.memmap(path, dtype=self.dtype, mode="r", shape=self._chunk_shape).view(np.ndarray)
         self._maps[c] = block
         if len(self._maps) > self._max_maps:
             self._maps.popitem(last=False)

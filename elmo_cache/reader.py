@@ -47,10 +47,22 @@ def open(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> Cac
     return Cache(path, allow_incomplete=allow_incomplete)
 
 
+def _unfinished(path: Path) -> IncompleteCacheError:
+    return IncompleteCacheError(
+        f"{path}: the build of this cache was interrupted before it finished; resume it by running the same "
+        "build command again (its sentences become readable when the build completes)"
+    )
+
+
 def _detect(path: Path) -> str:
     if not path.exists():
+        # A build writes into "<output>.partial/" and renames it to the output when done.
+        if path.with_name(path.name + ".partial").is_dir():
+            raise _unfinished(path)
         raise CacheNotFoundError(f"cache not found: {path}")
     if path.is_dir():
+        if (path / ".build").is_dir():  # the staging folder of a running or interrupted build
+            raise _unfinished(path)
         if (path / "zarr.json").is_file():
             return "zarr"
         if (path / ".zgroup").exists() or (path / ".zattrs").exists():
@@ -143,6 +155,11 @@ class Cache:
         self._lengths = arrays["lengths"]
         self._hashes = arrays["index/hashes"]
         self._rows = arrays["index/rows"]
+        # Hot-path accessors, the same calls for numpy maps (HDF5) and chunked zarr arrays.
+        self._offset_at = self._offsets.item
+        self._length_at = self._lengths.item
+        vectors = self._vectors
+        self._read_rows = vectors.rows if hasattr(vectors, "rows") else (lambda start, stop: vectors[start:stop])
         self._n = int(self._offsets.shape[0])
         self._n_rows = int(self._vectors.shape[0])
         self._layered = self.kind == "layers"
@@ -224,15 +241,15 @@ class Cache:
         return self
 
     def _sentence(self, i: int) -> np.ndarray:
-        start = int(self._offsets[i])
-        length = int(self._lengths[i])
+        start = self._offset_at(i)
+        length = self._length_at(i)
         stop = start + length
         if start < 0 or length < 0 or stop > self._n_rows:
             raise CacheFormatError(
                 f"{self.path}: sentence {i} spans rows {start}..{stop} (arrays 'offsets'/'lengths') but array "
                 f"'vectors' has {self._n_rows} rows; the cache is corrupt"
             )
-        block = self._vectors[start:stop]
+        block = self._read_rows(start, stop)
         return block.transpose(1, 0, 2) if self._layered else block
 
     def _position(self, key: Any) -> int:
@@ -286,7 +303,7 @@ class Cache:
         row = int(self._rows[pos])
         if not 0 <= row < self._n:
             raise CacheFormatError(f"{self.path}: array 'index/rows' points at sentence {row} of {self._n}; corrupt")
-        if int(self._lengths[row]) != len(tokens):
+        if self._length_at(row) != len(tokens):
             return None  # a hash collision with a different sentence
         return row
 
@@ -308,6 +325,7 @@ class Cache:
     def close(self) -> None:
         """Drop the mappings (arrays already returned stay valid). Idempotent."""
         self._vectors = self._offsets = self._lengths = self._hashes = self._rows = None
+        self._offset_at = self._length_at = self._read_rows = None
         self._lengths_array = None
 
     @property

@@ -1,0 +1,59 @@
+"""``elmo-cache serve``: answer embedding requests over HTTP from a cache and/or a live model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+__all__ = ["serve_command"]
+
+
+@click.command("serve")
+@click.argument("cache", required=False, type=click.Path(path_type=Path))
+@click.option("--model", help="Model for live encodings: a name (original, ...) or a directory. [env: ELMO_CACHE_MODEL]")
+@click.option("--options-file", type=click.Path(path_type=Path), help="options.json of the model (with --weight-file).")
+@click.option("--weight-file", type=click.Path(path_type=Path), help="Weight file of the model (with --options-file).")
+@click.option("--device", help="Torch device of the encoder (cpu, cuda, cuda:1); default: CUDA when available.")
+@click.option("--precision", help="Encoder precision (fp32, bf16, fp16). [default: fp32]")
+@click.option("--host", help="Interface to listen on. [default: 127.0.0.1]")
+@click.option("--port", type=int, help="TCP port. [default: 8000]")
+@click.option("--api-key", help="Require 'Authorization: Bearer <key>' (except on /health). [env: ELMO_CACHE_API_KEY]")
+@click.option("--max-tokens-per-sentence", type=int, help="Refuse longer sentences (413). [default: 400]")
+@click.option("--max-sentences-per-request", type=int, help="Refuse bigger POST /embed requests (413). [default: 256]")
+@click.option("--max-body-bytes", type=int, help="Refuse bigger request bodies (413). [default: 1000000]")
+@click.option("--batch-tokens", type=int, help="Token budget of one live encoder batch. [default: 4096]")
+@click.option("--max-wait-ms", type=float, help="Longest wait to fill a live batch, in ms. [default: 5]")
+@click.option("--queue-size", type=int, help="Live requests allowed to wait; more get 429. [default: 64]")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
+@click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
+def serve_command(cache: Path | None, **flags) -> None:
+    """Serve CACHE (optional when a model is given) over HTTP with FastAPI + uvicorn.
+
+    Every option can also be set with an ELMO_CACHE_<OPTION> environment variable
+    (e.g. ELMO_CACHE_API_KEY, ELMO_CACHE_PORT; CACHE is ELMO_CACHE_CACHE_PATH); flags win. The model and cache are
+    loaded before the server starts listening, so a mistake is reported at once.
+    Docs of the HTTP API: http://HOST:PORT/docs once it runs.
+    """
+    import uvicorn
+
+    from elmo_cache.server import create_app, load_resources, load_settings
+
+    settings = load_settings(cache_path=cache, **flags)
+    encoder, store = load_resources(settings)
+    app = create_app(settings, encoder=encoder, cache=store)
+    what = " and ".join(part for part in (
+        f"cache {settings.cache_path}" if store is not None else "",
+        "a live model" if encoder is not None else "",
+    ) if part)
+    click.echo(f"elmo-cache: serving {what} on http://{settings.host}:{settings.port}", err=True)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=10,
+    )
+    if store is not None and hasattr(store, "close"):
+        store.close()

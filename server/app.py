@@ -1,0 +1,141 @@
+"""The FastAPI application factory.
+
+``create_app()`` builds an app whose lifespan loads the model and the cache once
+(unless already-built objects are passed in, as the CLI and tests do) and starts
+the live batcher; requests never load anything.
+
+Run it directly with ``uvicorn --factory elmo_cache.server.app:create_app`` and
+``ELMO_CACHE_*`` environment variables, or with ``elmo-cache serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from elmo_cache import __version__
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.server.batcher import LiveBatcher
+from elmo_cache.server.deps import require_api_key
+from elmo_cache.server.errors import HANDLED, error_handler
+from elmo_cache.server.metrics import Metrics
+from elmo_cache.server.middleware import BodyLimitMiddleware, TimingMiddleware
+from elmo_cache.server.routers import embed, health, info, metrics
+from elmo_cache.server.service import EmbedService
+from elmo_cache.server.settings import Settings, load_settings
+
+__all__ = ["create_app", "load_resources", "check_compatible"]
+
+_DESCRIPTION = """\
+Contextual ELMo vectors, answered from a precomputed elmo-cache store when the
+sentence is there and encoded live (batched across concurrent requests) when a
+model is loaded. Every error is JSON: `{"error": {"code": ..., "message": ...}}`.
+"""
+
+
+def check_compatible(cache: Any, encoder: Any) -> None:
+    """Refuse a model that differs from the one that built the cache: hits and live answers would disagree."""
+    metadata = getattr(cache, "metadata", None) or {}
+    built_with = metadata.get("model") or {}
+    identity = getattr(encoder, "identity", None) or {}
+    for key in ("weights_sha256", "initial_state", "precision"):
+        ours, theirs = identity.get(key), built_with.get(key)
+        if ours is not None and theirs is not None and ours != theirs:
+            raise InvalidParameterError(
+                f"model: the cache was built with {key} {theirs!r} but the loaded model has {ours!r}; "
+                "live answers would not match cached ones (serve the cache with the model, --precision and "
+                "initial state that built it)"
+            )
+    dim = metadata.get("dim")
+    if dim is not None and int(dim) != int(encoder.output_dim):
+        raise InvalidParameterError(
+            f"model: the cache holds {dim}-wide vectors but the model produces {encoder.output_dim}-wide ones"
+        )
+
+
+def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None) -> tuple[Any, Any]:
+    """Load whatever ``settings`` name and was not passed in; returns ``(encoder, cache)``.
+
+    Raises :class:`ElmoCacheError` subclasses (missing files, bad model, foreign
+    cache, model/cache mismatch) so the CLI can print them plainly.
+    """
+    if cache is None and settings.cache_path is not None:
+        import elmo_cache
+
+        cache = elmo_cache.open(settings.cache_path)
+    if encoder is None and settings.has_model:
+        from elmo_cache.encoder import Encoder
+
+        if settings.model is not None:
+            encoder = Encoder.load(settings.model, device=settings.device, precision=settings.precision)
+        else:
+            encoder = Encoder.from_files(
+                settings.options_file, settings.weight_file, device=settings.device, precision=settings.precision
+            )
+    if cache is None and encoder is None:
+        raise InvalidParameterError(
+            "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"
+        )
+    if cache is not None and encoder is not None:
+        check_compatible(cache, encoder)
+    return encoder, cache
+
+
+def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: Any = None) -> FastAPI:
+    """Build the app. ``encoder`` / ``cache`` may be passed already built; the rest loads in the lifespan."""
+    settings = settings if settings is not None else load_settings()
+    app_metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded_encoder, loaded_cache = await asyncio.to_thread(
+            load_resources, settings, encoder=encoder, cache=cache
+        )
+        batcher = None
+        if loaded_encoder is not None:
+            batcher = LiveBatcher(
+                loaded_encoder.embed_batch,
+                metrics=app_metrics,
+                batch_tokens=settings.batch_tokens,
+                max_wait_s=settings.max_wait_ms / 1000,
+                queue_size=settings.queue_size,
+            )
+            await batcher.start()
+        app.state.service = EmbedService(
+            settings, app_metrics, cache=loaded_cache, encoder=loaded_encoder, batcher=batcher
+        )
+        try:
+            yield
+        finally:
+            app.state.service = None
+            if batcher is not None:
+                await batcher.close()
+            # Close only what this lifespan opened; injected objects belong to the caller.
+            if cache is None and loaded_cache is not None and hasattr(loaded_cache, "close"):
+                loaded_cache.close()
+
+    app = FastAPI(
+        title="elmo-cache",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = app_metrics
+    app.state.service = None
+    for exc_class in (*HANDLED, Exception):
+        app.add_exception_handler(exc_class, error_handler)
+    # Only a server with a key checks it: no dependency to solve per request otherwise, and the
+    # OpenAPI docs show the bearer scheme exactly when it is required. /health stays open.
+    auth = [Depends(require_api_key)] if settings.api_key is not None else []
+    app.include_router(health.router)
+    for module in (embed, info, metrics):
+        app.include_router(module.router, dependencies=auth)
+    # Added last = outermost: timing sees every response, including early 413s.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(TimingMiddleware, metrics=app_metrics)
+    return app

@@ -1,0 +1,65 @@
+"""``Annotated`` dependencies shared by the routers."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from elmo_cache.server.errors import ApiError
+from elmo_cache.server.metrics import Metrics
+from elmo_cache.server.service import EmbedService, Timings
+from elmo_cache.server.settings import Settings
+
+__all__ = ["SettingsDep", "ServiceDep", "MetricsDep", "TimingsDep", "require_api_key"]
+
+
+# Dependencies are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies in its
+# thread pool, a thread hop per dependency per request for what are attribute reads.
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+async def get_service(request: Request) -> EmbedService:
+    service = getattr(request.app.state, "service", None)
+    if service is None:
+        raise ApiError(503, "not_ready", "the server is still loading its model/cache; retry shortly")
+    return service
+
+
+async def get_timings(request: Request) -> Timings:
+    timings = request.scope.get("state", {}).get("timings")
+    return timings if timings is not None else Timings()
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+ServiceDep = Annotated[EmbedService, Depends(get_service)]
+TimingsDep = Annotated[Timings, Depends(get_timings)]
+
+_bearer = HTTPBearer(auto_error=False, description="the server's API key, when it was started with one")
+
+
+async def require_api_key(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """401 unless the request carries ``Authorization: Bearer <api_key>`` (no-op without a key)."""
+    if settings.api_key is None:
+        return
+    expected = settings.api_key.get_secret_value().encode()
+    given = credentials.credentials.encode() if credentials is not None else b""
+    if credentials is None or not secrets.compare_digest(given, expected):
+        reason = "missing" if credentials is None else "wrong"
+        raise ApiError(
+            401, "unauthorized", f"{reason} API key: send the header 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )

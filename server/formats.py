@@ -1,0 +1,100 @@
+"""Response bodies of ``/embed``: JSON lists, ``.npy`` / ``.npz`` bytes, or base64 inside JSON.
+
+Binary forms exist because nested JSON lists cost far more to write and parse than
+the vectors themselves; ``npy`` and ``base64`` carry the raw little-endian bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import io
+import json
+from typing import Any
+
+import numpy as np
+from fastapi.responses import Response
+
+from elmo_cache.server.service import Embedding, OutputSpec
+
+try:  # optional speed-up: orjson writes float arrays ~10x faster than json.dumps of lists
+    import orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    orjson = None
+
+__all__ = ["Format", "NPY_MEDIA_TYPE", "NPZ_MEDIA_TYPE", "render_one", "render_many"]
+
+NPY_MEDIA_TYPE = "application/x-npy"
+NPZ_MEDIA_TYPE = "application/x-npz"
+_MAX_TOKENS_HEADER = 8192
+
+
+class Format(str, enum.Enum):
+    """How vectors are written in the response."""
+
+    json = "json"
+    npy = "npy"
+    base64 = "base64"
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
+def _item(embedding: Embedding, fmt: Format) -> dict[str, Any]:
+    vectors = embedding.vectors
+    item: dict[str, Any] = {
+        "source": embedding.source,
+        "tokens": embedding.tokens,
+        "shape": list(vectors.shape),
+        "dtype": vectors.dtype.name,
+    }
+    if fmt is Format.base64:
+        item["encoding"] = "base64-little-endian-c-order"
+        item["data"] = base64.b64encode(_little_endian(vectors).tobytes()).decode("ascii")
+    else:
+        # float16 -> float32 is exact, and the shortest float32 text reads back to the same value.
+        item["vectors"] = vectors.astype(np.float32, copy=False) if orjson is not None else vectors.tolist()
+    return item
+
+
+def _dumps(payload: dict[str, Any]) -> bytes:
+    if orjson is not None:
+        return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def render_one(embedding: Embedding, spec: OutputSpec, fmt: Format) -> Response:
+    """The response of ``GET /embed``."""
+    if fmt is Format.npy:
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, _little_endian(embedding.vectors), allow_pickle=False)
+        headers = {
+            "X-Elmo-Source": embedding.source,
+            "X-Elmo-Shape": ",".join(str(n) for n in embedding.vectors.shape),
+            "X-Elmo-Dtype": embedding.vectors.dtype.name,
+        }
+        # ASCII-only JSON so any token survives the latin-1 header encoding; left out when long,
+        # since HTTP clients refuse big header blocks (the tokens are the sentence split on whitespace).
+        tokens = json.dumps(embedding.tokens, ensure_ascii=True)
+        if len(tokens) <= _MAX_TOKENS_HEADER:
+            headers["X-Elmo-Tokens"] = tokens
+        return Response(buffer.getvalue(), media_type=NPY_MEDIA_TYPE, headers=headers)
+    payload = _item(embedding, fmt)
+    payload.update(spec.describe())
+    return Response(_dumps(payload), media_type="application/json")
+
+
+def render_many(embeddings: list[Embedding], spec: OutputSpec, fmt: Format) -> Response:
+    """The response of ``POST /embed``: one entry per sentence, in request order."""
+    if fmt is Format.npy:
+        buffer = io.BytesIO()
+        np.savez(buffer, *[_little_endian(e.vectors) for e in embeddings])
+        headers = {
+            "X-Elmo-Sources": ",".join(e.source for e in embeddings),
+            "X-Elmo-Dtype": embeddings[0].vectors.dtype.name if embeddings else spec.dtype.name,
+            "X-Elmo-Count": str(len(embeddings)),
+        }
+        return Response(buffer.getvalue(), media_type=NPZ_MEDIA_TYPE, headers=headers)
+    payload = {"results": [_item(e, fmt) for e in embeddings], **spec.describe()}
+    return Response(_dumps(payload), media_type="application/json")

@@ -1,0 +1,133 @@
+"""``GET /embed`` (one sentence in the query) and ``POST /embed`` (many sentences in a JSON body)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from elmo_cache.server.deps import ServiceDep, TimingsDep
+from elmo_cache.server.errors import error_responses
+from elmo_cache.server.formats import NPY_MEDIA_TYPE, NPZ_MEDIA_TYPE, Format, render_many, render_one
+
+__all__ = ["router", "EmbedRequest", "EmbedResult", "EmbedBatchResult"]
+
+router = APIRouter(tags=["embed"])  # create_app adds the API-key check when one is set
+
+_LAYERS_DOC = (
+    "Comma-separated layer ids to return, e.g. `1,2` (0 = token layer, 1 and 2 = LSTM layers). "
+    "Default: what the cache stores (all three without a cache). Layers the cache lacks are computed "
+    "live when a model is loaded; otherwise 422 lists the available ones. Not with `mix`."
+)
+_MIX_DOC = (
+    "Three comma-separated weights `s0,s1,s2`: return `gamma * sum_j s_j * layer_j` (computed in float32) "
+    "with shape (n_tokens, dim) instead of layers. A layered cache answers it when every layer with a non-zero "
+    "weight is stored; a mixed cache only for its own mix; anything else is computed live when a model is loaded."
+)
+_GAMMA_DOC = "Scale applied after the weighted sum (default 1). Only with `mix`."
+_SOFTMAX_DOC = "Treat `mix` as raw ScalarMix parameters and apply a softmax to them first. Only with `mix`."
+_FORMAT_DOC = (
+    "`json`: vectors as nested lists; `npy`: the raw array as a `.npy` file (`application/x-npy`; for POST a "
+    "`.npz` of `arr_0`, `arr_1`, ... as `application/x-npz`), metadata in `X-Elmo-*` headers; `base64`: JSON whose "
+    "`data` is the base64 of the little-endian C-order bytes, with `shape` and `dtype`."
+)
+
+
+class EmbedResult(BaseModel):
+    """One sentence's answer (JSON and base64 formats)."""
+
+    source: Literal["cache", "live"] = Field(description="`cache` when read from the store, `live` when encoded now")
+    tokens: list[str] = Field(description="the sentence's tokens (whitespace split, as `build` does)")
+    shape: list[int] = Field(description="(n_layers, n_tokens, dim) for layers, (n_tokens, dim) for a mix")
+    dtype: str = Field(description="`float32` or `float16` (the cache's dtype; float32 without a cache)")
+    vectors: list[Any] | None = Field(None, description="nested lists of numbers (format `json`)")
+    encoding: str | None = Field(None, description="`base64-little-endian-c-order` (format `base64`)")
+    data: str | None = Field(None, description="base64 of the raw bytes (format `base64`)")
+    layers: list[int] | None = Field(None, description="the layer ids returned, or null for a mix (GET only)")
+    mix: dict[str, Any] | None = Field(None, description="the mix applied (weights, gamma, raw, softmax) (GET only)")
+
+
+class EmbedBatchResult(BaseModel):
+    """The answer of ``POST /embed``: one entry per sentence, in request order."""
+
+    results: list[EmbedResult]
+    layers: list[int] | None = Field(None, description="the layer ids returned, or null for a mix")
+    mix: dict[str, Any] | None = Field(None, description="the mix applied, or null")
+
+
+class EmbedRequest(BaseModel):
+    """Body of ``POST /embed``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sentences: list[str] = Field(
+        min_length=1, description="sentences, each tokenised on whitespace (limits: see `GET /info`)"
+    )
+    layers: str | list[int] | None = Field(None, description=_LAYERS_DOC)
+    mix: str | list[float] | None = Field(None, description=_MIX_DOC)
+    gamma: float | None = Field(None, description=_GAMMA_DOC)
+    softmax: bool = Field(False, description=_SOFTMAX_DOC)
+    format: Format = Field(Format.json, description=_FORMAT_DOC)
+
+
+_ERRORS = error_responses(401, 404, 413, 422, 429, 503)
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+
+# Up to this many numbers, writing the body takes less time than a thread hop (tens of µs).
+_INLINE_NUMBERS = 16384
+
+
+async def _render(render, embeddings, *args) -> Response:
+    items = embeddings if isinstance(embeddings, list) else [embeddings]
+    if sum(e.vectors.size for e in items) <= _INLINE_NUMBERS:
+        return render(embeddings, *args)
+    # Writing a big JSON or npz body takes milliseconds: keep it off the event loop.
+    return await asyncio.to_thread(render, embeddings, *args)
+
+
+@router.get(
+    "/embed",
+    response_model=EmbedResult,
+    summary="Vectors of one sentence",
+    responses={200: {"content": {NPY_MEDIA_TYPE: _BINARY}, "description": "the vectors"}, **_ERRORS},
+)
+async def embed_one(
+    service: ServiceDep,
+    timings: TimingsDep,
+    sentence: Annotated[str, Query(description="the sentence; tokens are separated by whitespace")],
+    layers: Annotated[str | None, Query(description=_LAYERS_DOC, examples=["0,1,2"])] = None,
+    mix: Annotated[str | None, Query(description=_MIX_DOC, examples=["0.2,0.3,0.5"])] = None,
+    gamma: Annotated[float | None, Query(description=_GAMMA_DOC)] = None,
+    softmax: Annotated[bool, Query(description=_SOFTMAX_DOC)] = False,
+    format: Annotated[Format, Query(description=_FORMAT_DOC)] = Format.json,
+) -> Response:
+    """Answer from the cache when the sentence is there, else encode it live (404 with a cache alone)."""
+    spec = service.resolve(layers, mix, gamma, softmax)
+    token_lists = service.tokenize_all([sentence])
+    [embedding] = await service.embed(token_lists, spec, timings)
+    started = time.perf_counter()
+    response = await _render(render_one, embedding, spec, format)
+    timings.add("serialize", time.perf_counter() - started)
+    return response
+
+
+@router.post(
+    "/embed",
+    response_model=EmbedBatchResult,
+    summary="Vectors of many sentences",
+    responses={200: {"content": {NPZ_MEDIA_TYPE: _BINARY}, "description": "the vectors, per sentence"}, **_ERRORS},
+)
+async def embed_many(service: ServiceDep, timings: TimingsDep, body: EmbedRequest) -> Response:
+    """Same as ``GET /embed`` for every sentence of the body; misses of one request share live batches."""
+    spec = service.resolve(body.layers, body.mix, body.gamma, body.softmax)
+    token_lists = service.tokenize_all(body.sentences)
+    embeddings = await service.embed(token_lists, spec, timings)
+    started = time.perf_counter()
+    response = await _render(render_many, embeddings, spec, body.format)
+    timings.add("serialize", time.perf_counter() - started)
+    return response

@@ -1,0 +1,95 @@
+"""Every setting of the server, in one place: CLI flags and ``ELMO_CACHE_*`` environment variables.
+
+Flags win over environment variables, which win over the defaults below
+(``elmo-cache serve`` passes only the flags a user actually gave).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from elmo_cache.errors import InvalidParameterError
+
+__all__ = ["Settings", "load_settings"]
+
+
+class Settings(BaseSettings):
+    """Configuration of one ``elmo-cache serve`` process."""
+
+    model_config = SettingsConfigDict(env_prefix="ELMO_CACHE_", extra="forbid", frozen=True)
+
+    # Store to answer from (zarr directory or HDF5 file); None: encode everything live.
+    cache_path: Path | None = Field(None, description="cache to answer from (zarr directory or .h5 file)")
+    # A model name known to Encoder.load ("original", ...) or a directory holding options + weights.
+    model: str | None = Field(None, description="model name or directory for live encodings")
+    # The two files of a model in the original layout (alternative to `model`).
+    options_file: Path | None = Field(None, description="options.json of the model (with weight_file)")
+    weight_file: Path | None = Field(None, description="weight file of the model (with options_file)")
+    # Torch device for the encoder ("cpu", "cuda", "cuda:1"); None picks CUDA when available.
+    device: str | None = Field(None, description="torch device of the encoder")
+    # Compute precision of the encoder; the encoder validates the choice.
+    precision: str = Field("fp32", description="encoder precision (fp32, bf16, fp16)")
+    host: str = Field("127.0.0.1", description="interface to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on")
+    # When set, every route but /health needs `Authorization: Bearer <key>`.
+    api_key: SecretStr | None = Field(None, description="require this bearer token")
+    # Longer sentences are refused (413): they cost memory in both the encoder and the response.
+    max_tokens_per_sentence: int = Field(400, ge=1, description="most tokens in one sentence")
+    max_sentences_per_request: int = Field(256, ge=1, description="most sentences in one POST /embed")
+    # Checked before the body is parsed, from Content-Length and while reading.
+    max_body_bytes: int = Field(1_000_000, ge=1, description="largest request body in bytes")
+    # A live batch stops growing at this many tokens (a bigger single request runs in slices of it).
+    batch_tokens: int = Field(4096, ge=1, description="token budget of one live encoder batch")
+    # How long the first request of a batch waits for company; 0 batches only what is already queued.
+    max_wait_ms: float = Field(5.0, ge=0, le=10_000, description="longest wait to fill a live batch (ms)")
+    # Requests waiting for the encoder beyond this answer 429 at once instead of queueing forever.
+    queue_size: int = Field(64, ge=1, description="live requests allowed to wait for the encoder")
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    access_log: bool = Field(True, description="log one line per request")
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> Settings:
+        if (self.options_file is None) != (self.weight_file is None):
+            raise ValueError("options_file and weight_file go together: give both or neither")
+        if self.model is not None and self.options_file is not None:
+            raise ValueError("give either model or options_file + weight_file, not both")
+        return self
+
+    @property
+    def has_model(self) -> bool:
+        """Whether a model for live encodings is configured."""
+        return self.model is not None or self.options_file is not None
+
+    def limits(self) -> dict[str, Any]:
+        """The limits clients must respect (shown by ``GET /info``)."""
+        return {
+            "max_tokens_per_sentence": self.max_tokens_per_sentence,
+            "max_sentences_per_request": self.max_sentences_per_request,
+            "max_body_bytes": self.max_body_bytes,
+            "batch_tokens": self.batch_tokens,
+            "max_wait_ms": self.max_wait_ms,
+            "queue_size": self.queue_size,
+        }
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build :class:`Settings` from ``overrides`` (flags) over the environment.
+
+    ``None`` values are dropped so that an absent flag leaves the environment's value.
+    Problems become :class:`InvalidParameterError` naming the setting and its env variable.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            where = f"{field} (ELMO_CACHE_{field.upper()})" if field else "settings"
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {message}" if field else message)
+        raise InvalidParameterError("invalid server settings: " + "; ".join(problems)) from None
