@@ -35,7 +35,7 @@ import numpy as np
 import zarr
 
 import elmo_cache
-from elmo_cache.build import DEFAULT_CHUNK_ROWS
+from elmo_cache.builder import DEFAULT_CHUNK_ROWS
 from elmo_cache.tokenize import sentence_hash
 
 

@@ -1,7 +1,7 @@
 """Load test of ``elmo-cache serve`` on loopback: requests/s and latency, beside the offline encoder.
 
 It writes a random model of the chosen size, a synthetic corpus (``_corpus.py``) and its
-cache (``elmo_cache.build``), measures the offline encoder's tokens/s on that corpus, then
+cache (``elmo_cache.builder``), measures the offline encoder's tokens/s on that corpus, then
 starts ``elmo-cache serve`` in its own process on 127.0.0.1 and drives it from a separate
 client process (httpx + asyncio, ``--concurrency`` clients, a fixed number of requests per
 scenario):
@@ -174,7 +174,7 @@ def main() -> None:
     from _machine import describe_machine
 
     import elmo_cache
-    from elmo_cache.build import BuildOptions, build
+    from elmo_cache.builder import BuildOptions, build
     from elmo_cache.modelgen import write_random_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))

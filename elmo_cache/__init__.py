@@ -17,8 +17,8 @@ _EXPORTS = {
     "Encoder": "elmo_cache.encoder",
     "ModelOptions": "elmo_cache.options",
     "MixSpec": "elmo_cache.mix",
-    "BuildOptions": "elmo_cache.build",
-    "build": "elmo_cache.build",
+    "BuildOptions": "elmo_cache.builder",
+    "build": "elmo_cache.builder",
     "open": "elmo_cache.reader",
     "Cache": "elmo_cache.reader",
     "CacheDataset": "elmo_cache.dataset",
@@ -42,7 +42,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from elmo_cache.build import BuildOptions, build
+    from elmo_cache.builder import BuildOptions, build
     from elmo_cache.dataset import CacheDataset, collate
     from elmo_cache.encoder import Encoder
     from elmo_cache.errors import *  # noqa: F403

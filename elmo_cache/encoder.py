@@ -296,6 +296,13 @@ class Encoder:
         acts = view.reshape(self.n_layers, len(sentences), max_tokens, self.output_dim).transpose(0, 1).contiguous()
         return acts, lengths
 
+    def clear_word_cache(self) -> None:
+        """Forget the cached char-CNN vectors. A word's cached vector carries the float
+        rounding of the batch it was first computed in (~1e-7); clearing at fixed points
+        makes results a function of the input since that point alone."""
+        self._word_slots = {}
+        self._word_table = self._word_table[:0]
+
     def reset_state(self) -> None:
         """Forget the carried-over state ("carry" mode): the next batch starts from zeros."""
         self._carry_h = self._carry_h[:, :, :0]

@@ -16,6 +16,16 @@ GOLDEN = DATA / "bilm_tf_golden"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tests run tiny models on one intra-op thread: such small ops gain nothing from a second
+    thread, and on a busy 2-core machine two spinning OpenMP threads run ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     """The bilm-tf golden fixture (see tests/data/bilm_tf_golden/NOTICE.md)."""

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 import elmo_cache
 from elmo_cache import CacheDataset, Encoder, collate
-from elmo_cache.build import BuildOptions, build
+from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.mix import MixSpec
 from elmo_cache.modelgen import write_random_model

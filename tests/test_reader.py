@@ -13,7 +13,7 @@ import pytest
 
 import elmo_cache
 from elmo_cache import Encoder
-from elmo_cache.build import BuildOptions, build
+from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheFormatError, CacheNotFoundError, CorpusError, ElmoCacheError, IncompleteCacheError
 from elmo_cache.mix import MixSpec
 from elmo_cache.modelgen import write_random_model

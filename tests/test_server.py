@@ -90,8 +90,8 @@ def close(a, b):
 
 
 def build_cache(path, encoder, lines, *, layers=None, mix=None, fp16=False):
-    """A real cache of ``lines`` built by ``elmo_cache.build`` with the tiny model."""
-    from elmo_cache.build import BuildOptions, build
+    """A real cache of ``lines`` built by ``elmo_cache.builder`` with the tiny model."""
+    from elmo_cache.builder import BuildOptions, build
 
     corpus = path.with_suffix(".txt")
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")

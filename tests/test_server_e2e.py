@@ -49,7 +49,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, deadline_s: float = 90.0) ->
 
 
 def test_serve_over_http(tmp_path, tiny_model):
-    from elmo_cache.build import BuildOptions, build
+    from elmo_cache.builder import BuildOptions, build
 
     encoder = elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
     corpus = tmp_path / "corpus.txt"

@@ -1,0 +1,102 @@
+"""``export``: write a cache in the original allennlp ``elmo`` command's HDF5 layout.
+
+That layout has one float32 dataset per line, named by the line number (``"0"``, ``"1"``...),
+of shape ``(n_layers, n_tokens, dim)`` for a layered cache (``(3, n, 1024)`` for the Original
+with all layers, as ``allennlp elmo --all`` writes) or ``(n_tokens, dim)`` for a mixed one (as
+``--top``/``--average`` write), plus ``sentence_to_index``: a 1-element variable-length string
+dataset holding the JSON object ``{sentence text: "line number"}`` (the text being the line
+stripped of surrounding whitespace; a repeated sentence maps to its last line, as allennlp's
+dict does). Empty lines, which allennlp refuses, become datasets with zero tokens.
+
+The text comes from the corpus (the cache stores none): ``corpus=`` or the input path recorded
+at build time. Without it ``sentence_to_index`` is left out (tools that only read the numbered
+datasets do not need it). One dataset per sentence is slow to open at millions of sentences;
+this export is for tools that need that layout, not a way to store large caches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elmo_cache.corpus import Corpus
+from elmo_cache.errors import CacheExistsError, CorpusError
+
+__all__ = ["ExportSummary", "export"]
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What :func:`export` wrote."""
+
+    path: Path
+    n_sentences: int
+    # The corpus sentence_to_index came from, or None when it was left out.
+    corpus: str | None
+
+    def __str__(self) -> str:
+        index = f"sentence_to_index from {self.corpus}" if self.corpus else "no sentence_to_index (pass --corpus to add it)"
+        return f"wrote {self.path}: {self.n_sentences:,} sentences in the allennlp layout, {index}"
+
+
+def _sentence_to_index(source: Corpus, lengths: np.ndarray) -> dict[str, str]:
+    mapping: dict[str, str] = {}
+    count = 0
+    for number, text in source.lines():
+        count = number + 1
+        if number >= len(lengths):
+            continue
+        text = text.lstrip("\ufeff")
+        if len(text.split()) != lengths[number]:
+            raise CorpusError(f"{source.name}, line {number + 1}: {len(text.split())} tokens but the cache stores "
+                              f"{lengths[number]}; not the corpus this cache was built from")
+        mapping[text.strip()] = str(number)
+    if count != len(lengths):
+        raise CorpusError(f"{source.name} has {count} lines but the cache has {len(lengths)} sentences; "
+                          "not the corpus this cache was built from")
+    return mapping
+
+
+def export(cache: str | os.PathLike[str], output: str | os.PathLike[str], *, corpus: str | os.PathLike[str] | None = None,
+           overwrite: bool = False) -> ExportSummary:
+    """Write the cache at ``cache`` to ``output`` (an HDF5 file) in allennlp's layout.
+
+    Raises :class:`~elmo_cache.errors.CacheExistsError` if ``output`` exists (unless
+    ``overwrite``) and :class:`~elmo_cache.errors.CorpusError` when ``corpus`` does not match
+    the cache. The file appears only once complete (written beside it, then renamed).
+    """
+    import h5py
+
+    import elmo_cache
+
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise CacheExistsError(f"{output} exists; pass --overwrite to replace it")
+    with elmo_cache.open(cache) as opened:
+        lengths = np.asarray(opened.lengths)
+        corpus_path: Any = corpus
+        if corpus_path is None:
+            recorded = ((opened.metadata.get("build") or {}).get("input") or {}).get("path")
+            if recorded and recorded != "-" and Path(recorded).is_file():
+                corpus_path = recorded
+        mapping = None
+        if corpus_path is not None:
+            errors = ((opened.metadata.get("build") or {}).get("args") or {}).get("errors", "strict")
+            mapping = _sentence_to_index(Corpus(corpus_path, errors=errors), lengths)
+        tmp = output.with_name(output.name + ".tmp")
+        try:
+            with h5py.File(tmp, "w") as f:
+                for i in range(len(opened)):
+                    f.create_dataset(str(i), data=np.asarray(opened[i], dtype=np.float32))
+                if mapping is not None:
+                    index = f.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
+                    index[0] = json.dumps(mapping)
+            os.replace(tmp, output)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return ExportSummary(output, len(opened), None if corpus_path is None else str(corpus_path))

@@ -1,0 +1,62 @@
+"""Helpers shared by the build tests: a small awkward corpus and the expected stored rows."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_cache.mix import MixSpec
+from elmo_cache.verify import open_arrays
+
+
+def corpus_lines(n: int = 30, seed: int = 0) -> list[str]:
+    """``n`` lines with empty lines, repeats (also with other spacing), and lengths 1..25."""
+    rng = random.Random(seed)
+    words = ["the", "cat", "sat", "on", "a", "mat", ".", "dogs", "bark", "loudly", "Zürich", "naïve", "—", "42", ",", "!"]
+    lines: list[str] = []
+    for i in range(n):
+        if i % 9 == 4:
+            lines.append("")
+        elif i % 7 == 5 and lines:
+            lines.append("  ".join(lines[rng.randrange(len(lines))].split()))  # a repeat, spaced differently
+        else:
+            lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(1, 25))))
+    return lines
+
+
+def write_corpus(path: Path, lines: list[str], *, newline: str = "\n", encoding: str = "utf-8") -> Path:
+    path.write_bytes(newline.join(lines).encode(encoding) + newline.encode())
+    return path
+
+
+def expected_rows(reference: np.ndarray, *, layers=None, mix: MixSpec | None = None) -> np.ndarray:
+    """What a cache stores for one sentence, in float32: ``(n, L, D)`` or ``(n, D)``."""
+    if mix is not None:
+        return mix.apply(torch.from_numpy(reference), layer_dim=0).numpy()
+    return reference[list(layers if layers is not None else (0, 1, 2))].transpose(1, 0, 2)
+
+
+def raw_arrays(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """Metadata and every array of a cache, read whole with zarr/h5py."""
+    _, meta, arrays, handle = open_arrays(Path(path))
+    try:
+        return meta, {name: np.asarray(array[...]) for name, array in arrays.items()}
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def without_timings(meta: dict) -> dict:
+    """Metadata minus what legitimately differs between two runs of the same build."""
+    meta = dict(meta)
+    build = dict(meta.pop("build"))
+    for key in ("started", "finished", "seconds", "tokens_per_s"):
+        build.pop(key, None)
+    meta["build"] = build
+    return meta
+
+

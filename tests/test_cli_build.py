@@ -1,0 +1,167 @@
+"""``elmo-cache build/info/verify/export`` through click's CliRunner: exit codes and messages."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import elmo_cache
+from elmo_cache.builder import BuildOptions, build
+from elmo_cache.cli.main import cli
+from elmo_cache.tokenize import tokenize
+from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus  # noqa: F401
+
+LINES = corpus_lines(20, seed=7)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return write_corpus(tmp_path / "corpus.txt", LINES)
+
+
+@pytest.fixture
+def model_args(tiny_model):
+    return ["--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1]), "--device", "cpu"]
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+def test_build_writes_beside_the_corpus_and_summarises(corpus, model_args, tiny_encoder):
+    result = run("build", corpus, "--layers", "1,2", "--fp16", "--no-progress", *model_args)
+    assert result.exit_code == 0, result.output
+    output = corpus.with_suffix(".zarr")
+    assert f"building {output}" in result.stderr
+    assert f"wrote {output} (zarr): 20 sentences" in result.stdout and "tokens/s" in result.stdout
+    with elmo_cache.open(output) as cache:
+        assert cache.metadata["layers"] == [1, 2] and cache.metadata["dtype"] == "float16"
+        reference = tiny_encoder.embed_sentence(tokenize(LINES[0]))
+        np.testing.assert_allclose(cache[0].astype(np.float32), reference[1:], rtol=2.0**-11, atol=1e-6)
+    again = run("build", corpus, "--layers", "1,2", "--fp16", "--no-progress", *model_args)
+    assert again.exit_code == 0 and "already complete" in again.stdout
+
+
+def test_build_with_mix_gzip_hdf5_and_progress(tmp_path, corpus, model_args, tiny_encoder):
+    packed = tmp_path / "corpus.txt.gz"
+    packed.write_bytes(gzip.compress(corpus.read_bytes()))
+    output = tmp_path / "mixed.h5"
+    result = run("build", packed, "-o", output, "--mix", "1,2,3", "--mix-softmax", "--gamma", "0.5", *model_args)
+    assert result.exit_code == 0, result.output
+    assert "sent" in result.stderr  # the progress bar
+    meta, _ = raw_arrays(output)
+    assert meta["kind"] == "mix" and meta["mix"]["softmax"] is True and meta["mix"]["raw"] == [1.0, 2.0, 3.0]
+    assert meta["mix"]["gamma"] == 0.5 and abs(sum(meta["mix"]["weights"]) - 1) < 1e-12
+
+
+def test_build_from_stdin(tmp_path, corpus, model_args):
+    output = tmp_path / "stdin.zarr"
+    result = run("build", "-", "-o", output, "--no-progress", *model_args, input=corpus.read_bytes())
+    assert result.exit_code == 0, result.output
+    meta, _ = raw_arrays(output)
+    assert meta["n_sentences"] == 20 and meta["build"]["input"]["path"] == "-"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layers", "5"], r"layer 5 does not exist; choose from \[0, 1, 2\]"),
+        (["--layers", "1", "--mix", "1,1,1"], "exclusive"),
+        (["--gamma", "2"], "only apply with --mix"),
+        (["--mix", "1,2"], "expected 3 numbers"),
+        (["--compression", "lz77"], r"choose from \['none', 'zstd'"),
+        (["--format", "hdf5", "--compression", "zstd"], "only zarr caches can be compressed"),
+        (["--errors", "ignore"], r"choose from \['strict', 'replace'\]"),
+        (["--precision", "fp8"], "precision"),
+        (["--device", "tpu"], "device"),
+    ],
+)
+def test_user_mistakes_exit_1_with_a_message(corpus, model_args, args, message):
+    result = run("build", corpus, "--no-progress", *model_args, *args)
+    assert result.exit_code == 1, result.output
+    error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and re.search(message, error[0]), result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_missing_corpus_bad_utf8_and_half_a_model(tmp_path, corpus, tiny_model):
+    missing = run("build", tmp_path / "nope.txt", "--no-progress")
+    assert missing.exit_code == 1 and "corpus not found" in missing.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nnot \xff ok\n")
+    result = run("build", bad, "--no-progress", "--options-file", tiny_model[0], "--weight-file", tiny_model[1])
+    assert result.exit_code == 1 and "bad.txt, line 2: invalid UTF-8" in result.stderr
+    half = run("build", corpus, "--no-progress", "--options-file", tiny_model[0])
+    assert half.exit_code == 1 and "go together" in half.stderr
+
+
+def test_existing_cache_with_other_options(corpus, model_args):
+    assert run("build", corpus, "--no-progress", *model_args).exit_code == 0
+    result = run("build", corpus, "--no-progress", "--layers", "2", *model_args)
+    assert result.exit_code == 1 and "built with other options" in result.stderr and "--overwrite" in result.stderr
+    assert run("build", corpus, "--no-progress", "--layers", "2", "--overwrite", *model_args).exit_code == 0
+
+
+def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_encoder):
+    output = tmp_path / "c.zarr"
+    build(corpus, BuildOptions(output=output, dedupe=True, progress=False), encoder=tiny_encoder)
+    result = run("info", output)
+    assert result.exit_code == 0
+    meta, _ = raw_arrays(output)
+    assert f"{meta['n_sentences']:,} sentences, {meta['n_tokens']:,} tokens, {meta['n_rows']:,} rows" in result.stdout
+    assert "dedupe True" in result.stdout and "complete:     True" in result.stdout
+    as_json = run("info", output, "--json")
+    assert json.loads(as_json.stdout) == meta
+
+    interrupted = tmp_path / "i.zarr"
+    real, calls = tiny_encoder.encode_padded, []
+
+    def crash_on_third(batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("crash")
+        return real(batch)
+
+    tiny_encoder.encode_padded = crash_on_third
+    try:
+        with pytest.raises(RuntimeError):
+            build(corpus, BuildOptions(output=interrupted, batch_tokens=20, window_batches=1, commit_seconds=0, progress=False),
+                  encoder=tiny_encoder)
+    finally:
+        del tiny_encoder.encode_padded
+    result = run("info", interrupted)
+    assert result.exit_code == 0 and "interrupted build" in result.stdout and "resume" in result.stdout
+
+    missing = run("info", tmp_path / "none.zarr")
+    assert missing.exit_code == 1 and "cache not found" in missing.stderr
+
+
+def test_verify_ok_sample_and_damage(tmp_path, corpus, tiny_encoder, model_args):
+    output = tmp_path / "c.h5"
+    build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
+    result = run("verify", output, "--sample", 4, *model_args)
+    assert result.exit_code == 0, result.output
+    assert "4 sampled sentences match a fresh encoding" in result.stdout
+    with h5py.File(output, "r+") as f:
+        f["offsets"][5] = f["offsets"][5] + 1
+    broken = run("verify", output)
+    assert broken.exit_code == 1 and "failed verification" in broken.stderr and "offsets" in broken.stderr
+
+
+def test_export(tmp_path, corpus, tiny_encoder):
+    output = tmp_path / "c.zarr"
+    build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
+    target = tmp_path / "allennlp.hdf5"
+    result = run("export", output, target)
+    assert result.exit_code == 0 and "sentence_to_index from" in result.stdout
+    with h5py.File(target, "r") as f:
+        assert f["0"].shape == (3, len(tokenize(LINES[0])), tiny_encoder.output_dim)
+        assert json.loads(f["sentence_to_index"][0])[LINES[0].strip()] == "0"
+    again = run("export", output, target)
+    assert again.exit_code == 1 and "--overwrite" in again.stderr

@@ -1,0 +1,180 @@
+"""Resuming: an interrupted build (exception, failed finish, kill -9) rerun ends with the uninterrupted cache."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo_cache.builder import BuildOptions, build
+from elmo_cache.errors import CacheExistsError, ElmoCacheError
+from elmo_cache.store import load_progress, staging_path
+from elmo_cache.verify import verify
+from tests._build_fixtures import corpus_lines, raw_arrays, without_timings, write_corpus  # noqa: F401
+
+
+def assert_same_cache(a: Path, b: Path) -> None:
+    meta_a, arrays_a = raw_arrays(a)
+    meta_b, arrays_b = raw_arrays(b)
+    assert without_timings(meta_a) == without_timings(meta_b)
+    for name in arrays_a:
+        assert arrays_a[name].dtype == arrays_b[name].dtype, name
+        np.testing.assert_array_equal(arrays_a[name], arrays_b[name], err_msg=name)
+
+
+@contextlib.contextmanager
+def failing_on(encoder, batch: int):
+    """The encoder raises on its ``batch``-th batch (a crash in the middle of a build)."""
+    real, calls = encoder.encode_padded, [0]
+
+    def encode_padded(sentences):
+        calls[0] += 1
+        if calls[0] == batch:
+            raise RuntimeError("simulated crash")
+        return real(sentences)
+
+    encoder.encode_padded = encode_padded
+    try:
+        yield
+    finally:
+        del encoder.encode_padded
+
+
+@pytest.mark.parametrize(("fmt", "extra"), [("zarr", {"chunk_rows": 16}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})])
+def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encoder, fmt, extra):
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))
+    suffix = ".zarr" if fmt == "zarr" else ".h5"
+    options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False, **extra)
+    reference = tmp_path / ("reference" + suffix)
+    build(corpus, BuildOptions(output=reference, **options), encoder=tiny_encoder)
+
+    output = tmp_path / ("resumed" + suffix)
+    for fail_at in (7, 3, 11):  # three crashes, each after some commits of the run before
+        with failing_on(tiny_encoder, fail_at), pytest.raises(RuntimeError, match="simulated crash"):
+            build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+        assert not output.exists()
+    committed = load_progress(output).lines
+    assert 0 < committed < 120
+    summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert summary.resumed_from == committed and summary.n_sentences == 120
+    assert not staging_path(output).exists()
+    meta_ref, arrays_ref = raw_arrays(reference)
+    meta_out, arrays_out = raw_arrays(output)
+    for meta in (meta_ref, meta_out):
+        meta["build"]["args"].pop("output")  # the only intended difference
+    assert without_timings(meta_out) == without_timings(meta_ref)
+    for name in arrays_ref:
+        assert arrays_out[name].dtype == arrays_ref[name].dtype
+        np.testing.assert_array_equal(arrays_out[name], arrays_ref[name], err_msg=name)
+    assert verify(output).ok
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
+def test_a_failed_finish_is_retried(tmp_path, tiny_encoder, monkeypatch, fmt):
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(40, seed=2))
+    output = tmp_path / ("c.zarr" if fmt == "zarr" else "c.h5")
+    module = __import__(f"elmo_cache.store._{fmt}", fromlist=["os"])
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    # Fail the last step of finishing: zarr renames the staging folder, HDF5 syncs cache.h5 first.
+    if fmt == "zarr":
+        monkeypatch.setattr(module.os, "rename", failing)
+    else:
+        monkeypatch.setattr(module, "fsync_path", failing)
+    with pytest.raises(ElmoCacheError, match="cannot finish .* rerun the same command"):
+        build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
+    assert not output.exists() and load_progress(output).done
+    monkeypatch.undo()
+    summary = build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
+    assert summary.resumed_from == 40 and verify(output).ok
+    assert not staging_path(output).exists()
+
+
+def test_resume_refuses_a_changed_corpus_and_other_options(tmp_path, tiny_encoder):
+    lines = corpus_lines(60, seed=4)
+    corpus = write_corpus(tmp_path / "c.txt", lines)
+    output = tmp_path / "c.zarr"
+    options = BuildOptions(output=output, batch_tokens=40, window_batches=1, commit_seconds=0, progress=False)
+    with failing_on(tiny_encoder, 9), pytest.raises(RuntimeError):
+        build(corpus, options, encoder=tiny_encoder)
+    committed = load_progress(output).lines
+    assert committed > 3
+    with pytest.raises(CacheExistsError, match=r"interrupted build with other options \(dtype: 'float32' there, 'float16' now"):
+        build(corpus, BuildOptions(output=output, fp16=True, progress=False), encoder=tiny_encoder)
+    lines[2] = "this line changed"
+    write_corpus(corpus, lines)
+    with pytest.raises(CacheExistsError, match=r"c\.txt, line 3: differs from the line the interrupted build stored"):
+        build(corpus, options, encoder=tiny_encoder)
+    summary = build(corpus, BuildOptions(output=output, overwrite=True, progress=False), encoder=tiny_encoder)
+    assert summary.resumed_from == 0 and summary.n_sentences == 60
+
+
+# -- kill -9 at random moments --------------------------------------------------------------------
+
+
+def _command(corpus: Path, output: Path, model: tuple[Path, Path], extra: list[str]) -> list[str]:
+    return [sys.executable, "-c", "from elmo_cache.cli.main import main; main()", "build", str(corpus), "-o", str(output),
+            "--options-file", str(model[0]), "--weight-file", str(model[1]), "--batch-tokens", "48", "--window-batches", "1",
+            "--commit-seconds", "0", "--no-progress", "--device", "cpu", *extra]
+
+
+def _committed(output: Path) -> int:
+    try:
+        return json.loads((staging_path(output) / ".build" / "progress.json").read_text())["lines"]
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments(tmp_path, tiny_model):
+    # zarr is the format with the most state to resume (chunks, tail); the in-process tests above
+    # cover HDF5. Each run pays a Python + torch start-up, so one configuration is tried here.
+    extra = ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2"]
+    rng = random.Random(1234)
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(400, seed=9))
+    output = tmp_path / "c.zarr"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = _command(corpus, output, tiny_model, extra)
+
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    reference = tmp_path / "reference"
+    shutil.move(output, reference)
+
+    kills = resumed_kills = 0
+    for attempt in range(5):
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        before = _committed(output)
+        if attempt == 0:
+            time.sleep(rng.uniform(0.5, 3.0))  # anywhere, start-up included
+        else:
+            deadline = time.monotonic() + 60
+            while _committed(output) <= before and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # until this run has committed something of its own
+            time.sleep(rng.uniform(0.0, 0.4))
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+            resumed_kills += before > 0
+        out, err = process.communicate(timeout=60)
+        if process.returncode == 0:
+            break
+        assert process.returncode == -signal.SIGKILL, err
+    else:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert kills >= 2 and resumed_kills >= 1, (kills, resumed_kills)
+    assert not staging_path(output).exists()
+    assert_same_cache(reference, output)
