@@ -546,18 +546,16 @@ class _Encoding:
 
     def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the batch's sentences, concatenated in batch order, and where each starts."""
-        acts, lengths = self.encoder.encode_padded(batch)  # (B, 3, T, D) float32 on the device
+        flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
         if self.plan.mix is not None:
-            out = self.plan.mix.apply(acts, layer_dim=1)  # (B, T, D), float32
+            out = self.plan.mix.apply(flat, layer_dim=0)  # (tokens, D), float32
         else:
             if self.layer_index is not None:
-                acts = acts.index_select(1, self.layer_index)
-            out = acts.permute(0, 2, 1, 3)  # token-major view: (B, T, L, D)
-        # Drop the padding on the device: only real tokens are cast and copied to the host.
-        mask = (torch.arange(out.shape[1]) < lengths[:, None]).to(out.device)
-        rows = out[mask].to(self.torch_dtype).cpu().numpy()
-        starts = np.zeros(len(batch), dtype=np.int64)
-        np.cumsum(lengths.numpy()[:-1], out=starts[1:])
+                flat = flat.index_select(0, self.layer_index)
+            out = flat.transpose(0, 1)  # token-major: (tokens, L, D)
+        # Cast on the device, so only the stored bytes cross to the host.
+        rows = out.to(self.torch_dtype, memory_format=torch.contiguous_format).cpu().numpy()
+        starts = offsets[:-1]
         return rows, starts
 
     def _forget_words(self) -> None:

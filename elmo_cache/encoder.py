@@ -240,7 +240,7 @@ class Encoder:
         _validate_sentences(sentences)
         results: list[np.ndarray | None] = [None] * len(sentences)
         for indices in self._plan_batches(sentences, batch_tokens):
-            flat, offsets = self._encode_flat([sentences[i] for i in indices])
+            flat, offsets = self.encode_flat([sentences[i] for i in indices])
             array = flat.cpu().numpy()
             for k, i in enumerate(indices):
                 results[i] = np.ascontiguousarray(array[:, offsets[k] : offsets[k + 1]])
@@ -287,7 +287,7 @@ class Encoder:
         acts = torch.zeros(len(sentences), self.n_layers, max_tokens, self.output_dim, device=self.device)
         if max_tokens == 0:
             return acts, lengths
-        flat, offsets = self._encode_flat(sentences)
+        flat, offsets = self.encode_flat(sentences)
         sentence_of_token = torch.repeat_interleave(torch.arange(len(sentences)), lengths)
         position = torch.arange(int(offsets[-1])) - torch.repeat_interleave(torch.as_tensor(offsets[:-1]), lengths)
         index = (sentence_of_token * max_tokens + position).to(self.device)
@@ -376,9 +376,11 @@ class Encoder:
             self._carry_c = torch.cat([self._carry_c, pad_c], dim=2)
 
     @torch.inference_mode()
-    def _encode_flat(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, np.ndarray]:
-        """Encode one batch; returns ``(3, n_tokens_total, output_dim)`` on the device and the
-        token offsets of each sentence (length ``len(sentences) + 1``), input order."""
+    def encode_flat(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, np.ndarray]:
+        """One batch without padding: ``(3, total_tokens, output_dim)`` float32 on the device,
+        sentences concatenated in input order, and each sentence's token offset (a numpy array
+        of ``len(sentences) + 1`` entries). The cheapest form for writers."""
+        _validate_sentences(sentences)
         batch = len(sentences)
         n_tokens = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=batch)
         offsets = np.zeros(batch + 1, dtype=np.int64)
@@ -443,7 +445,7 @@ class Encoder:
         self.reset_state()
         try:
             for sentence in WARMUP_TEXT:
-                self._encode_flat([sentence.split()])
+                self.encode_flat([sentence.split()])
             return self._carry_h.clone(), self._carry_c.clone()
         finally:
             self.initial_state = saved_mode

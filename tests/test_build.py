@@ -285,7 +285,7 @@ class _NoEncoding:
     def __init__(self, real):
         self.identity, self.output_dim, self.device, self.initial_state = real.identity, real.output_dim, real.device, "zero"
 
-    def encode_padded(self, batch):
+    def encode_flat(self, batch):
         raise AssertionError("encoded although the cache was complete")
 
 

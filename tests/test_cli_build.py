@@ -120,7 +120,7 @@ def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_enco
     assert json.loads(as_json.stdout) == meta
 
     interrupted = tmp_path / "i.zarr"
-    real, calls = tiny_encoder.encode_padded, []
+    real, calls = tiny_encoder.encode_flat, []
 
     def crash_on_third(batch):
         calls.append(1)
@@ -128,13 +128,13 @@ def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_enco
             raise RuntimeError("crash")
         return real(batch)
 
-    tiny_encoder.encode_padded = crash_on_third
+    tiny_encoder.encode_flat = crash_on_third
     try:
         with pytest.raises(RuntimeError):
             build(corpus, BuildOptions(output=interrupted, batch_tokens=20, window_batches=1, commit_seconds=0, progress=False),
                   encoder=tiny_encoder)
     finally:
-        del tiny_encoder.encode_padded
+        del tiny_encoder.encode_flat
     result = run("info", interrupted)
     assert result.exit_code == 0 and "interrupted build" in result.stdout and "resume" in result.stdout
 

@@ -35,19 +35,19 @@ def assert_same_cache(a: Path, b: Path) -> None:
 @contextlib.contextmanager
 def failing_on(encoder, batch: int):
     """The encoder raises on its ``batch``-th batch (a crash in the middle of a build)."""
-    real, calls = encoder.encode_padded, [0]
+    real, calls = encoder.encode_flat, [0]
 
-    def encode_padded(sentences):
+    def encode_flat(sentences):
         calls[0] += 1
         if calls[0] == batch:
             raise RuntimeError("simulated crash")
         return real(sentences)
 
-    encoder.encode_padded = encode_padded
+    encoder.encode_flat = encode_flat
     try:
         yield
     finally:
-        del encoder.encode_padded
+        del encoder.encode_flat
 
 
 @pytest.mark.parametrize(("fmt", "extra"), [("zarr", {"chunk_rows": 16}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})])
