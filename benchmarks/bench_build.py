@@ -88,7 +88,7 @@ def throughput(args) -> None:
         sentences = [tokenize(line) for line in corpus.read_text(encoding="utf-8").splitlines()]
         tokens = sum(map(len, sentences))
         encoder = load_encoder(args, workdir)
-        batch_tokens = args.batch_tokens or (32768 if encoder.device.type == "cuda" else 4096)
+        batch_tokens = args.batch_tokens or (32768 if encoder.device.type == "cuda" else 8192)
         print(machine())
         print(f"model {args.size if not args.options_file else args.options_file} (dim {encoder.output_dim}), device "
               f"{encoder.device}, precision {args.precision}; corpus {len(sentences):,} sentences, {tokens:,} tokens; "

@@ -54,7 +54,7 @@ def _model_options(function):
 @_model_options
 @click.option("--precision", default="fp32", show_default=True, help="Encoder arithmetic: fp32, bf16 or fp16.")
 @click.option("--initial-state", default="zero", show_default=True, help="LSTM initial state: zero or warm.")
-@click.option("--batch-tokens", type=int, default=None, help="Tokens per encoder batch. Default 4096 on CPU, 32768 on CUDA.")
+@click.option("--batch-tokens", type=int, default=None, help="Tokens per encoder batch. Default 8192 on CPU, 32768 on CUDA.")
 @click.option("--window-batches", type=int, default=8, show_default=True, help="Sort by length within this many batches.")
 @click.option("--errors", default="strict", show_default=True, help="Invalid UTF-8: strict (stop, naming the line) or replace.")
 @click.option("--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over.")

@@ -78,7 +78,7 @@ def default_chunk_rows(row_bytes: int) -> int:
     return rows
 
 
-_BATCH_TOKENS = {"cpu": 4096, "cuda": 32768}
+_BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
 # A window never holds more sentences than this, so a file of empty lines still commits.
 _WINDOW_MAX_SENTENCES = 1 << 16
 # Identity keys: options that change what the cache holds. A cache or interrupted build
@@ -118,7 +118,7 @@ class BuildOptions:
     precision: str = "fp32"
     # LSTM initial state "zero" or "warm" (see elmo_cache.encoder); "carry" is batch dependent, refused.
     initial_state: str = "zero"
-    # Tokens per encoder batch (each sentence counts its length + 2 boundary tokens); None: 4096 CPU, 32768 CUDA.
+    # Tokens per encoder batch (each sentence counts its length + 2 boundary tokens); None: 8192 CPU, 32768 CUDA.
     batch_tokens: int | None = None
     # Sentences are sorted by length within windows of this many batches' worth of tokens. Memory
     # holds about three windows of vectors (Original fp16 layers, CUDA defaults: ~1.5 GB each).

@@ -178,7 +178,7 @@ class BiLM(torch.nn.Module):
             n = packed.sizes[t]
             r0 = packed.starts[t] - chunk_row0
             gates_h = torch.bmm(h_prev[:, :n], w_hidden)
-            hidden, cell = cell_step(gates_x[:, r0 : r0 + n], gates_h, c_prev[:, :n], cell_clip)
+            hidden, cell = cell_step(gates_x, r0, gates_h, c_prev, cell_clip)
             projected = torch.bmm(hidden.to(cd), w_proj).float()
             if proj_clip is not None:
                 projected.clamp_(-proj_clip, proj_clip)
@@ -195,10 +195,19 @@ class BiLM(torch.nn.Module):
         return out
 
 
-def _lstm_cell(gates_x: torch.Tensor, gates_h: torch.Tensor, c: torch.Tensor, cell_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gate non-linearities and cell update in float32; gate columns are i, f, o, j."""
-    d = c.shape[-1]
-    gates = gates_x.float() + gates_h.float()
+def _lstm_cell(
+    gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate non-linearities and cell update in float32; gate columns are i, f, o, j.
+
+    ``gates_x`` is a whole chunk of input projections and ``c_prev`` the previous step's whole
+    cell tensor; the live rows are sliced here, so the compiled kernel always sees contiguous
+    inputs (views with varying strides would make torch.compile recompile per pattern).
+    """
+    n = gates_h.shape[1]
+    d = c_prev.shape[-1]
+    c = c_prev[:, :n]
+    gates = gates_x[:, row0 : row0 + n].float() + gates_h.float()
     sig = torch.sigmoid(gates[..., : 3 * d])
     candidate = torch.tanh(gates[..., 3 * d :])
     cell = torch.addcmul(sig[..., d : 2 * d] * c, sig[..., :d], candidate).clamp_(-cell_clip, cell_clip)
@@ -209,19 +218,21 @@ _compiled_cell = None
 _compile_failed = False
 
 
-def _fused_cell(gates_x: torch.Tensor, gates_h: torch.Tensor, c: torch.Tensor, cell_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_cell(
+    gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_lstm_cell` compiled into one kernel: the cell update is memory-bound, and
     fusing its ~8 passes over the (2, batch, 4 * lstm_dim) gates into one pays on every
     device. Falls back to the eager version (same numbers within float32 round-off)
     where torch.compile cannot build a kernel, e.g. without a C++ compiler."""
     global _compiled_cell, _compile_failed
     if _compile_failed:
-        return _lstm_cell(gates_x, gates_h, c, cell_clip)
+        return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
     if _compiled_cell is None:
-        _compiled_cell = torch.compile(_lstm_cell, dynamic=True)
+        _compiled_cell = torch.compile(_lstm_cell, dynamic=True, recompile_limit=64)
     try:
-        return _compiled_cell(gates_x, gates_h, c, cell_clip)
+        return _compiled_cell(gates_x, row0, gates_h, c_prev, cell_clip)
     except Exception as exc:  # noqa: BLE001 - any backend failure means "use eager"
         _compile_failed = True
         warnings.warn(f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2)
-        return _lstm_cell(gates_x, gates_h, c, cell_clip)
+        return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
