@@ -15,7 +15,7 @@ __all__ = ["serve_command"]
 @click.option("--options-file", type=click.Path(path_type=Path), help="options.json of the model (with --weight-file).")
 @click.option("--weight-file", type=click.Path(path_type=Path), help="Weight file of the model (with --options-file).")
 @click.option("--device", help="Torch device of the encoder (cpu, cuda, cuda:1); default: CUDA when available.")
-@click.option("--precision", help="Encoder precision (fp32, bf16, fp16). [default: fp32]")
+@click.option("--precision", help="Encoder precision (fp32, bf16, fp16). [default: the cache's, else fp32]")
 @click.option("--host", help="Interface to listen on. [default: 127.0.0.1]")
 @click.option("--port", type=int, help="TCP port. [default: 8000]")
 @click.option("--api-key", help="Require 'Authorization: Bearer <key>' (except on /health). [env: ELMO_CACHE_API_KEY]")

@@ -70,12 +70,17 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
     if encoder is None and settings.has_model:
         from elmo_cache.encoder import Encoder
 
+        # Live answers must match cached ones: by default encode as the cache was built.
+        built_with = ((getattr(cache, "metadata", None) or {}).get("model") or {}) if cache is not None else {}
+        kwargs = {
+            "device": settings.device,
+            "precision": settings.precision or built_with.get("precision") or "fp32",
+            "initial_state": built_with.get("initial_state") or "zero",
+        }
         if settings.model is not None:
-            encoder = Encoder.load(settings.model, device=settings.device, precision=settings.precision)
+            encoder = Encoder.load(settings.model, **kwargs)
         else:
-            encoder = Encoder.from_files(
-                settings.options_file, settings.weight_file, device=settings.device, precision=settings.precision
-            )
+            encoder = Encoder.from_files(settings.options_file, settings.weight_file, **kwargs)
     if cache is None and encoder is None:
         raise InvalidParameterError(
             "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"

@@ -306,6 +306,22 @@ def test_model_that_did_not_build_the_cache_is_refused(tmp_path, layered_cache):
         load_resources(Settings())
 
 
+def test_model_loaded_for_a_cache_encodes_as_the_cache_was_built(tmp_path, tiny_model):
+    from elmo_cache.builder import BuildOptions, build
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    options = BuildOptions(output=tmp_path / "c.zarr", options_file=str(tiny_model[0]), weight_file=str(tiny_model[1]),
+                           precision="bf16", initial_state="warm", device="cpu", progress=False)
+    build(corpus, options)
+    encoder, cache = load_resources(Settings(cache_path=tmp_path / "c.zarr", options_file=tiny_model[0], weight_file=tiny_model[1]))
+    assert (encoder.precision, encoder.initial_state) == ("bf16", "warm")
+    with pytest.raises(InvalidParameterError, match="precision"):
+        load_resources(Settings(cache_path=tmp_path / "c.zarr", options_file=tiny_model[0], weight_file=tiny_model[1],
+                                precision="fp32"))
+    cache.close()
+
+
 # -- batching and back-pressure --------------------------------------------------------------------
 
 
