@@ -237,7 +237,6 @@ class Encoder:
         the original. Large inputs are split into length-sorted sub-batches of at most
         ``batch_tokens`` tokens (except in "carry" mode, where the batch is the unit).
         """
-        _validate_sentences(sentences)
         results: list[np.ndarray | None] = [None] * len(sentences)
         for indices in self._plan_batches(sentences, batch_tokens):
             flat, offsets = self.encode_flat([sentences[i] for i in indices])
@@ -281,7 +280,7 @@ class Encoder:
         Returns ``(acts, lengths)``: ``acts`` float32 ``(batch, 3, max_tokens, output_dim)``,
         zero beyond each sentence's length, in input order; ``lengths`` int64 on the CPU.
         """
-        _validate_sentences(sentences)
+        _validate_sentences(sentences)  # before the early return for all-empty batches
         lengths = torch.tensor([len(s) for s in sentences], dtype=torch.int64)
         max_tokens = int(lengths.max()) if len(sentences) else 0
         acts = torch.zeros(len(sentences), self.n_layers, max_tokens, self.output_dim, device=self.device)
