@@ -203,3 +203,24 @@ def test_fused_cell_matches_eager_with_clipping(clipping_model):
         np.testing.assert_allclose(a, reference.embed(tokens), atol=1e-5, rtol=0)
     alone = fused.embed_sentence(sentences[3])
     assert np.abs(alone - fused.embed_batch(sentences)[3]).max() <= 1e-5
+
+
+def test_original_size_model_with_both_clips_firing_matches_reference(tmp_path):
+    """Full Original dimensions (4096 cells, 2048 filters, 7 widths), a batch of mixed lengths."""
+    from dataclasses import replace
+
+    from elmo_cache.modelgen import PRESETS, write_random_model
+
+    # A random full-size model keeps its projections small, so the projection clip is lowered
+    # until it fires; the cell clip fires at the published 3.0.
+    options = replace(PRESETS["original"], cell_clip=3.0, proj_clip=0.05)
+    files = write_random_model(tmp_path, options, seed=3)
+    encoder = Encoder.from_files(*files, device="cpu")
+    reference = ReferenceElmo(*files)
+    rng = np.random.default_rng(8)
+    checked = [list(rng.choice(WORDS, size=n)) for n in (1, 9, 23, 41)]
+    batch = random_sentences(30, seed=9) + checked
+    for tokens, got in zip(checked, encoder.embed_batch(batch)[30:]):
+        assert got.shape == (3, len(tokens), 1024)
+        np.testing.assert_allclose(got, reference.embed(tokens), atol=1e-5, rtol=0)
+    assert reference.cell_clips > 1000 and reference.proj_clips > 1000
