@@ -143,7 +143,9 @@ def test_kill_9_at_random_moments(tmp_path, tiny_model):
     # cover HDF5. Each run pays a Python + torch start-up, so one configuration is tried here.
     extra = ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2"]
     rng = random.Random(1234)
-    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(400, seed=9))
+    # Big enough that encoding outlasts the kill delays below (~4 s of work on one thread): with
+    # 400 lines a resumed run sometimes finished before its kill, leaving a single kill.
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(1200, seed=9))
     output = tmp_path / "c.zarr"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = _command(corpus, output, tiny_model, extra)
