@@ -51,16 +51,15 @@ class PackedBatch:
         self.n_rows = self.starts[-1]
 
 
-class BiLM(torch.nn.Module):
-    """ELMo biLM weights on one device in one compute dtype."""
+class BiLM:
+    """ELMo biLM weights on one device in one compute dtype (inference only: no autograd state)."""
 
     def __init__(self, options: ModelOptions, weights: ElmoWeights, compute_dtype: torch.dtype = torch.float32):
-        super().__init__()
         self.options = options
         self.compute_dtype = compute_dtype
         cd = compute_dtype
         # The embedding table stays float32: it is tiny and feeds the convolutions exactly.
-        self.register_buffer("char_embed", weights.char_embed)
+        self.char_embed = weights.char_embed
         self.conv_weights = [w.to(cd) for w, _ in weights.convolutions]
         self.conv_biases = [b for _, b in weights.convolutions]
         self.highways = [(wc.to(cd), bc, wt.to(cd), bt) for wc, bc, wt, bt in weights.highways]
@@ -71,16 +70,8 @@ class BiLM(torch.nn.Module):
         # Fuse the LSTM cell's element-wise work with torch.compile (set by the encoder).
         self.fused = False
 
-    def _tensors(self) -> list[torch.Tensor]:
-        tensors = [self.char_embed, *self.conv_weights, *self.conv_biases, self.proj_weight, self.proj_bias]
-        for highway in self.highways:
-            tensors.extend(highway)
-        for layer in self.lstm:
-            tensors.extend(layer)
-        return tensors
-
     def to_device(self, device: torch.device) -> BiLM:
-        """Move every tensor to ``device`` (plain attributes are not nn buffers)."""
+        """Move every tensor to ``device``."""
         self.char_embed = self.char_embed.to(device)
         self.conv_weights = [w.to(device) for w in self.conv_weights]
         self.conv_biases = [b.to(device) for b in self.conv_biases]
@@ -89,10 +80,6 @@ class BiLM(torch.nn.Module):
         self.proj_bias = self.proj_bias.to(device)
         self.lstm = [tuple(t.to(device) for t in layer) for layer in self.lstm]
         return self
-
-    @property
-    def n_parameters(self) -> int:
-        return sum(t.numel() for t in self._tensors())
 
     # ---------------------------------------------------------------- char-CNN
     @torch.inference_mode()
