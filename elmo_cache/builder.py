@@ -254,15 +254,10 @@ def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOption
 
 
 def _load_encoder(options: BuildOptions) -> Any:
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder import load_encoder
 
-    if (options.options_file is None) != (options.weight_file is None):
-        raise InvalidParameterError("options_file and weight_file go together: give both, or use model")
-    if options.options_file is not None:
-        return Encoder.from_files(options.options_file, options.weight_file, device=options.device,
-                                  precision=options.precision, initial_state=options.initial_state)
-    return Encoder.load(options.model or "original", device=options.device, precision=options.precision,
-                        initial_state=options.initial_state)
+    return load_encoder(options.model or "original", options.options_file, options.weight_file,
+                        device=options.device, precision=options.precision, initial_state=options.initial_state)
 
 
 def _identity(plan: _Plan, encoder: Any) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from elmo_cache.model import BiLM, PackedBatch
 from elmo_cache.options import ModelOptions
 from elmo_cache.weights import load_weights
 
-__all__ = ["Encoder", "PRECISIONS", "INITIAL_STATES", "WARMUP_TEXT"]
+__all__ = ["Encoder", "load_encoder", "PRECISIONS", "INITIAL_STATES", "WARMUP_TEXT"]
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INITIAL_STATES = ("zero", "warm", "carry")
@@ -449,3 +449,21 @@ class Encoder:
         finally:
             self.initial_state = saved_mode
             self.reset_state()
+
+
+def load_encoder(
+    model: str | os.PathLike[str] | None,
+    options_file: str | os.PathLike[str] | None = None,
+    weight_file: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> Encoder:
+    """The encoder a user asked for: ``options_file`` + ``weight_file`` (both or neither; they win
+    over ``model``), else ``model`` (a published name or a directory). ``kwargs`` go to
+    :meth:`Encoder.from_files` / :meth:`Encoder.load`."""
+    if (options_file is None) != (weight_file is None):
+        raise InvalidParameterError("options_file and weight_file go together: give both, or use model")
+    if options_file is not None:
+        return Encoder.from_files(options_file, weight_file, **kwargs)
+    if model is None:
+        raise InvalidParameterError("no model: give a model name or directory, or options_file with weight_file")
+    return Encoder.load(model, **kwargs)

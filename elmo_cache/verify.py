@@ -293,14 +293,12 @@ def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], 
 
 
 def _load_model(meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None) -> Any:
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder import Encoder, load_encoder
 
     identity = meta.get("model") or {}
     kwargs = {"device": device, "precision": identity.get("precision", "fp32"), "initial_state": identity.get("initial_state", "zero")}
-    if (options_file is None) != (weight_file is None):
-        raise InvalidParameterError("options_file and weight_file go together: give both, or use model")
-    if options_file is not None:
-        return Encoder.from_files(options_file, weight_file, **kwargs)
+    if options_file is not None or weight_file is not None:
+        return load_encoder(None, options_file, weight_file, **kwargs)
     name = model or identity.get("name")
     if not name:
         raise InvalidParameterError("the cache does not name its model; pass --model or --options-file/--weight-file")

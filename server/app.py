@@ -68,7 +68,7 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
 
         cache = elmo_cache.open(settings.cache_path)
     if encoder is None and settings.has_model:
-        from elmo_cache.encoder import Encoder
+        from elmo_cache.encoder import load_encoder
 
         # Live answers must match cached ones: by default encode as the cache was built.
         built_with = ((getattr(cache, "metadata", None) or {}).get("model") or {}) if cache is not None else {}
@@ -77,10 +77,7 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
             "precision": settings.precision or built_with.get("precision") or "fp32",
             "initial_state": built_with.get("initial_state") or "zero",
         }
-        if settings.model is not None:
-            encoder = Encoder.load(settings.model, **kwargs)
-        else:
-            encoder = Encoder.from_files(settings.options_file, settings.weight_file, **kwargs)
+        encoder = load_encoder(settings.model, settings.options_file, settings.weight_file, **kwargs)
     if cache is None and encoder is None:
         raise InvalidParameterError(
             "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"

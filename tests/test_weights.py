@@ -164,3 +164,14 @@ def test_loading_the_original_size_needs_little_more_memory_than_its_weights(tmp
     size = weights.stat().st_size
     assert size > 350e6
     assert growth < 1.3 * size, f"loading grew RSS by {growth / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights"
+
+
+def test_load_encoder_picks_files_over_names_and_explains_mistakes(model):
+    from elmo_cache.encoder import load_encoder
+    from elmo_cache.errors import InvalidParameterError
+
+    assert load_encoder("not-a-model", *model, device="cpu").output_dim == 32  # files win
+    with pytest.raises(InvalidParameterError, match="go together"):
+        load_encoder(None, model[0], None)
+    with pytest.raises(InvalidParameterError, match="no model"):
+        load_encoder(None)
