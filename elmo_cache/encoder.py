@@ -25,11 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.chars import word_char_ids
+from elmo_cache.model.chars import word_char_ids
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.model import BiLM, PackedBatch
-from elmo_cache.options import ModelOptions
-from elmo_cache.weights import load_weights
+from elmo_cache.model import hub
+from elmo_cache.model.bilm import BiLM, PackedBatch
+from elmo_cache.model.hub import ModelFiles
+from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.weights import load_weights
 
 __all__ = ["Encoder", "load_encoder", "PRECISIONS", "INITIAL_STATES", "WARMUP_TEXT"]
 
@@ -82,7 +84,7 @@ def _validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
         if isinstance(sentence, str):
             raise InvalidParameterError(
                 f"sentence {i}: expected a list of tokens, got a string; split it first "
-                "(elmo_cache.tokenize) or call embed_sentence(tokens)"
+                "(elmo_cache.text.tokenize) or call embed_sentence(tokens)"
             )
 
 
@@ -99,6 +101,7 @@ class Encoder:
         initial_state: str = "zero",
         name: str | None = None,
         weight_file: Path | None = None,
+        directory: Path | None = None,
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
         fuse_cell: bool | None = None,
     ):
@@ -111,6 +114,8 @@ class Encoder:
         self.initial_state = initial_state
         self.name = name
         self.weight_file = weight_file
+        # The local directory the model was named by, recorded in the identity so `serve` finds it again.
+        self.directory = directory
         self.output_dim = options.output_dim
         bilm.fused = options.lstm_dim >= FUSE_MIN_LSTM_DIM if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
@@ -136,6 +141,7 @@ class Encoder:
         precision: str = "fp32",
         initial_state: str = "zero",
         name: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
         fuse_cell: bool | None = None,
     ) -> Encoder:
@@ -165,14 +171,20 @@ class Encoder:
             initial_state=initial_state,
             name=name or Path(weight_file).stem,
             weight_file=Path(weight_file),
+            directory=None if directory is None else Path(directory),
             word_cache_size=word_cache_size,
             fuse_cell=fuse_cell,
         )
 
     @classmethod
+    def from_model(cls, files: ModelFiles, **kwargs: Any) -> Encoder:
+        """Load resolved :class:`~elmo_cache.model.hub.ModelFiles`; ``kwargs`` as for :meth:`from_files`."""
+        return cls.from_files(files.options_file, files.weight_file, name=files.name, directory=files.directory, **kwargs)
+
+    @classmethod
     def load(
         cls,
-        model: str | os.PathLike[str] = "original",
+        model: str | os.PathLike[str] | None = None,
         *,
         device: str | torch.device | None = None,
         precision: str = "fp32",
@@ -180,19 +192,15 @@ class Encoder:
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
         fuse_cell: bool | None = None,
     ) -> Encoder:
-        """Load a published model by name ("original", "medium", "small", "original-5.5b"),
-        downloading it once into the model cache, or a local directory with one options
-        JSON and one weights HDF5."""
-        from elmo_cache.models import resolve_model
-
-        options_file, weight_file, name = resolve_model(model)
-        return cls.from_files(
-            options_file,
-            weight_file,
+        """Load a model by name: None or "bundled" for the model shipped with the package (no
+        network), a published one ("original", "medium", "small", "original-5.5b", downloaded
+        once into the model cache), or a local directory with one options JSON and one weights
+        HDF5 (see :mod:`elmo_cache.model.hub`)."""
+        return cls.from_model(
+            hub.resolve(model),
             device=device,
             precision=precision,
             initial_state=initial_state,
-            name=name,
             word_cache_size=word_cache_size,
             fuse_cell=fuse_cell,
         )
@@ -201,13 +209,7 @@ class Encoder:
     @cached_property
     def weights_sha256(self) -> str | None:
         """SHA-256 of the weight file (computed once, on first use)."""
-        if self.weight_file is None:
-            return None
-        digest = hashlib.sha256()
-        with open(self.weight_file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return None if self.weight_file is None else hub.file_sha256(self.weight_file)
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -219,6 +221,8 @@ class Encoder:
             "initial_state": self.initial_state,
             "precision": self.precision,
         }
+        if self.directory is not None:
+            identity["directory"] = str(self.directory)
         if self.initial_state == "warm":
             identity["warmup_sha256"] = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
         return identity
@@ -248,7 +252,7 @@ class Encoder:
     def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
         """Vectors of one tokenised sentence, ``(3, n_tokens, output_dim)`` float32."""
         if isinstance(tokens, str):
-            raise InvalidParameterError("embed_sentence expects a list of tokens; use elmo_cache.tokenize(text) first")
+            raise InvalidParameterError("embed_sentence expects a list of tokens; use elmo_cache.text.tokenize(text) first")
         return self.embed_batch([tokens])[0]
 
     def embed_sentences(
@@ -458,12 +462,7 @@ def load_encoder(
     **kwargs: Any,
 ) -> Encoder:
     """The encoder a user asked for: ``options_file`` + ``weight_file`` (both or neither; they win
-    over ``model``), else ``model`` (a published name or a directory). ``kwargs`` go to
-    :meth:`Encoder.from_files` / :meth:`Encoder.load`."""
-    if (options_file is None) != (weight_file is None):
-        raise InvalidParameterError("options_file and weight_file go together: give both, or use model")
-    if options_file is not None:
-        return Encoder.from_files(options_file, weight_file, **kwargs)
-    if model is None:
-        raise InvalidParameterError("no model: give a model name or directory, or options_file with weight_file")
-    return Encoder.load(model, **kwargs)
+    over ``model``), else ``model`` (a name or a directory; None is refused: callers name their
+    default). The name is resolved to files first (:func:`elmo_cache.model.hub.choose`), then
+    loaded; ``kwargs`` go to :meth:`Encoder.from_files`."""
+    return Encoder.from_model(hub.choose(model, options_file, weight_file), **kwargs)

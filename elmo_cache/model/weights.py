@@ -1,4 +1,8 @@
-"""Load a published ELMo weight file (bilm-tf / allennlp layout) into torch tensors.
+"""The official ELMo weight file (bilm-tf / allennlp layout): its datasets, reading it, writing it.
+
+:func:`weight_shapes` lists every dataset the options call for; :func:`load_weights` reads a
+file into torch tensors and :func:`write_weight_file` writes one (for trainers and tests), both
+checking every dataset against that list.
 
 Every dataset is named here explicitly and its shape checked against what the
 options imply, so a weight file that does not belong to its ``options.json`` fails
@@ -18,6 +22,8 @@ Conventions kept from the file (TensorFlow orientation, ``x @ W``):
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +32,9 @@ import numpy as np
 import torch
 
 from elmo_cache.errors import ModelNotFoundError, WeightFileError
-from elmo_cache.options import ModelOptions
+from elmo_cache.model.options import ModelOptions
 
-__all__ = ["ElmoWeights", "LstmWeights", "load_weights", "FORGET_BIAS"]
+__all__ = ["ElmoWeights", "LstmWeights", "load_weights", "write_weight_file", "weight_shapes", "FORGET_BIAS"]
 
 FORGET_BIAS = 1.0
 """TensorFlow's LSTMCell default, applied at run time in the original and not stored."""
@@ -67,6 +73,67 @@ class ElmoWeights:
 
 def _lstm_prefix(direction: int, layer: int) -> str:
     return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+
+
+def weight_shapes(options: ModelOptions) -> dict[str, tuple[int, ...]]:
+    """Every dataset of the official weight file for ``options``, with its shape (``softmax/*`` is not part of it)."""
+    c, p, d, nf = options.char_embedding_dim, options.projection_dim, options.lstm_dim, options.n_filters
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (options.n_characters - 1, c)}
+    for i, (width, num) in enumerate(options.filters):
+        shapes[f"CNN/W_cnn_{i}"] = (1, width, c, num)
+        shapes[f"CNN/b_cnn_{i}"] = (num,)
+    for k in range(options.n_highway):
+        for part in ("carry", "transform"):
+            shapes[f"CNN_high_{k}/W_{part}"] = (nf, nf)
+            shapes[f"CNN_high_{k}/b_{part}"] = (nf,)
+    shapes["CNN_proj/W_proj"] = (nf, p)
+    shapes["CNN_proj/b_proj"] = (p,)
+    for direction in (0, 1):
+        for layer in range(options.n_layers):
+            prefix = _lstm_prefix(direction, layer)
+            shapes[f"{prefix}/W_0"] = (2 * p, 4 * d)
+            shapes[f"{prefix}/B"] = (4 * d,)
+            shapes[f"{prefix}/W_P_0"] = (d, p)
+    return shapes
+
+
+def write_weight_file(path: str | Path, options: ModelOptions, datasets: Mapping[str, np.ndarray]) -> Path:
+    """Write ``datasets`` as an official ELMo weight file for ``options`` (float32, TF orientation).
+
+    Every name of :func:`weight_shapes` must be there with its shape and finite values, and no
+    other: anything else is a :class:`WeightFileError` naming the dataset, raised before the file
+    is touched. The file is written beside ``path`` and renamed, so a reader never sees half of it.
+    """
+    path = Path(path)
+    shapes = weight_shapes(options)
+    missing = [name for name in shapes if name not in datasets]
+    if missing:
+        raise WeightFileError(f"{path}: dataset {missing[0]!r} is missing (expected shape {shapes[missing[0]]}); "
+                              f"{len(missing)} missing in all")
+    extra = sorted(name for name in datasets if name not in shapes)
+    if extra:
+        raise WeightFileError(f"{path}: dataset {extra[0]!r} is not part of the weight file these options describe; "
+                              f"expected only {sorted(shapes)}")
+    arrays: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        array = np.asarray(datasets[name])
+        if tuple(array.shape) != shape:
+            raise WeightFileError(f"{path}: dataset {name!r} has shape {tuple(array.shape)} but the options imply {shape}")
+        if not np.issubdtype(array.dtype, np.floating):
+            raise WeightFileError(f"{path}: dataset {name!r} has dtype {array.dtype}, expected floating point")
+        if not np.isfinite(array).all():
+            raise WeightFileError(f"{path}: dataset {name!r} contains NaN or infinite values")
+        arrays[name] = np.ascontiguousarray(array, dtype=np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, array in arrays.items():
+                f.create_dataset(name, data=array)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 class _Reader:

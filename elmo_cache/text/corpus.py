@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from elmo_cache.errors import CorpusError, InvalidParameterError
-from elmo_cache.tokenize import tokenize
+from elmo_cache.text.tokenize import tokenize
 
 __all__ = ["Corpus", "ERRORS", "MAX_LINE_BYTES"]
 

@@ -12,12 +12,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import h5py
 import numpy as np
 
-from elmo_cache.options import ModelOptions
+from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.weights import weight_shapes, write_weight_file
 
-__all__ = ["PRESETS", "preset_options", "write_random_model", "weight_shapes"]
+__all__ = ["PRESETS", "preset_options", "random_weights", "write_random_model", "write_placeholder_bundle"]
 
 _ORIGINAL_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 _BASE = ModelOptions(
@@ -46,6 +46,14 @@ PRESETS: dict[str, ModelOptions] = {
         n_highway=1,
         filters=((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)),
     ),
+    # The architecture of the model bundled with the package (elmo_cache/model/bundled/).
+    "bundled": replace(
+        _BASE,
+        filters=((1, 32), (2, 32), (3, 64), (4, 128), (5, 256)),
+        n_highway=1,
+        lstm_dim=512,
+        projection_dim=128,
+    ),
     # Tiny: the shape of the bilm-tf test fixture, fast enough for unit tests.
     "tiny": replace(
         _BASE,
@@ -63,28 +71,6 @@ def preset_options(name: str) -> ModelOptions:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown model size {name!r}; choose from {sorted(PRESETS)}") from None
-
-
-def weight_shapes(options: ModelOptions) -> dict[str, tuple[int, ...]]:
-    """Every dataset of the original weight file with its shape."""
-    c, p, d, nf = options.char_embedding_dim, options.projection_dim, options.lstm_dim, options.n_filters
-    shapes: dict[str, tuple[int, ...]] = {"char_embed": (options.n_characters - 1, c)}
-    for i, (width, num) in enumerate(options.filters):
-        shapes[f"CNN/W_cnn_{i}"] = (1, width, c, num)
-        shapes[f"CNN/b_cnn_{i}"] = (num,)
-    for k in range(options.n_highway):
-        for part in ("carry", "transform"):
-            shapes[f"CNN_high_{k}/W_{part}"] = (nf, nf)
-            shapes[f"CNN_high_{k}/b_{part}"] = (nf,)
-    shapes["CNN_proj/W_proj"] = (nf, p)
-    shapes["CNN_proj/b_proj"] = (p,)
-    for direction in (0, 1):
-        for layer in range(options.n_layers):
-            prefix = f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
-            shapes[f"{prefix}/W_0"] = (2 * p, 4 * d)
-            shapes[f"{prefix}/B"] = (4 * d,)
-            shapes[f"{prefix}/W_P_0"] = (d, p)
-    return shapes
 
 
 def write_random_model(
@@ -111,12 +97,31 @@ def write_random_model(
     options_path = directory / f"{name}_options.json"
     weights_path = directory / f"{name}_weights.hdf5"
     options_path.write_text(json.dumps(options.to_dict(), indent=2), encoding="utf-8")
+    write_weight_file(weights_path, options, random_weights(options, seed=seed, scale=scale, lstm_scale=lstm_scale))
+    return options_path, weights_path
+
+
+def random_weights(
+    options: ModelOptions, *, seed: int = 0, scale: float = 1.0, lstm_scale: float = 1.0
+) -> dict[str, np.ndarray]:
+    """Every dataset of the weight file, drawn as :func:`write_random_model` describes."""
     rng = np.random.default_rng(seed)
-    with h5py.File(weights_path, "w") as f:
-        for dataset, shape in weight_shapes(options).items():
-            fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
-            std = 1.0 if dataset == "char_embed" else (0.1 if len(shape) == 1 else fan_in**-0.5)
-            factor = scale * (lstm_scale if dataset.startswith("RNN_") else 1.0)
-            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(std * factor)
-            f.create_dataset(dataset, data=data)
+    datasets = {}
+    for dataset, shape in weight_shapes(options).items():
+        fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
+        std = 1.0 if dataset == "char_embed" else (0.1 if len(shape) == 1 else fan_in**-0.5)
+        factor = scale * (lstm_scale if dataset.startswith("RNN_") else 1.0)
+        datasets[dataset] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std * factor)
+    return datasets
+
+
+def write_placeholder_bundle(directory: str | Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """A random stand-in for the bundled model: ``options.json`` + ``weights.hdf5`` of the "bundled" preset.
+
+    For development and tests before the trained files exist; its vectors mean nothing.
+    """
+    directory = Path(directory)
+    options_path, weights_path = write_random_model(directory, "bundled", seed=seed, name="placeholder")
+    options_path = options_path.rename(directory / "options.json")
+    weights_path = weights_path.rename(directory / "weights.hdf5")
     return options_path, weights_path

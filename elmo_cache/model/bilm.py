@@ -15,14 +15,15 @@ Inference only, written for throughput on packed (length-sorted) batches:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from elmo_cache.options import ModelOptions
-from elmo_cache.weights import ElmoWeights
+from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.weights import ElmoWeights
 
-__all__ = ["BiLM", "PackedBatch"]
+__all__ = ["BiLM", "PackedBatch", "FusedCell"]
 
 # Rows per input-projection GEMM: big enough to run near peak, small enough that the
 # (2, rows, 4 * lstm_dim) gate buffer stays modest (2048 rows: 268 MB fp32 for the Original).
@@ -67,8 +68,18 @@ class BiLM:
         self.proj_bias = weights.proj_bias
         self.lstm = [(layer.w_input.to(cd), layer.w_hidden.to(cd), layer.bias, layer.w_proj.to(cd)) for layer in weights.lstm]
         self.activation = torch.relu if options.activation == "relu" else torch.tanh
-        # Fuse the LSTM cell's element-wise work with torch.compile (set by the encoder).
-        self.fused = False
+        # The LSTM cell's element-wise work compiled into one kernel, or None for eager (set by the encoder).
+        self._fused_cell: FusedCell | None = None
+
+    @property
+    def fused(self) -> bool:
+        """Whether the LSTM cell runs compiled (:class:`FusedCell`)."""
+        return self._fused_cell is not None
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        if value != self.fused:
+            self._fused_cell = FusedCell() if value else None
 
     def to_device(self, device: torch.device) -> BiLM:
         """Move every tensor to ``device``."""
@@ -144,7 +155,7 @@ class BiLM:
         cd = self.compute_dtype
         cell_clip = float("inf") if self.options.cell_clip is None else float(self.options.cell_clip)
         proj_clip = self.options.proj_clip
-        cell_step = _fused_cell if self.fused else _lstm_cell
+        cell_step = self._fused_cell or _lstm_cell
         out = torch.empty_like(x)
         bias3 = bias.unsqueeze(1).to(cd)
         x_cd = x.to(cd)
@@ -201,25 +212,29 @@ def _lstm_cell(
     return sig[..., 2 * d :] * torch.tanh(cell), cell
 
 
-_compiled_cell = None
-_compile_failed = False
+class FusedCell:
+    """:func:`_lstm_cell` compiled into one kernel: the cell update is memory-bound, and fusing its
+    ~8 passes over the (2, batch, 4 * lstm_dim) gates into one pays on every device. Falls back
+    to the eager version (same numbers within float32 round-off), once and for good, where
+    torch.compile cannot build a kernel, e.g. without a C++ compiler."""
 
+    def __init__(self) -> None:
+        self._compiled: Any = None
+        self.failed = False
 
-def _fused_cell(
-    gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_lstm_cell` compiled into one kernel: the cell update is memory-bound, and
-    fusing its ~8 passes over the (2, batch, 4 * lstm_dim) gates into one pays on every
-    device. Falls back to the eager version (same numbers within float32 round-off)
-    where torch.compile cannot build a kernel, e.g. without a C++ compiler."""
-    global _compiled_cell, _compile_failed
-    if _compile_failed:
-        return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
-    if _compiled_cell is None:
-        _compiled_cell = torch.compile(_lstm_cell, dynamic=True, recompile_limit=64)
-    try:
-        return _compiled_cell(gates_x, row0, gates_h, c_prev, cell_clip)
-    except Exception as exc:  # noqa: BLE001 - any backend failure means "use eager"
-        _compile_failed = True
-        warnings.warn(f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2)
-        return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
+    def __call__(
+        self, gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.failed:
+            return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
+        if self._compiled is None:
+            self._compiled = torch.compile(_lstm_cell, dynamic=True, recompile_limit=64)
+        try:
+            result: tuple[torch.Tensor, torch.Tensor] = self._compiled(gates_x, row0, gates_h, c_prev, cell_clip)
+            return result
+        except Exception as exc:  # noqa: BLE001 - any backend failure means "use eager"
+            self.failed = True
+            warnings.warn(
+                f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2
+            )
+            return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
