@@ -2,7 +2,7 @@
 
 Both containers of FORMAT.md open through the same :class:`Cache`. The arrays stay on disk:
 HDF5 datasets and uncompressed zarr chunks are ``numpy.memmap`` views (see
-``_read_hdf5`` and ``_read_zarr`` for how), so opening costs the same for ten sentences and
+:mod:`elmo_cache.store.hdf5` and :mod:`elmo_cache.store.zarr` for how), so opening costs the same for ten sentences and
 for a hundred million, and reading a sentence is one slice of the page cache. Nothing is
 loaded whole: the sentence index is binary-searched in place.
 
@@ -21,17 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheFormatError, CacheNotFoundError, IncompleteCacheError, InvalidParameterError
-from elmo_cache.tokenize import sentence_hash, tokenize
+from elmo_cache import store
+from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
+from elmo_cache.store.format import ARRAYS, FORMAT_VERSIONS, INDEX_DTYPES, parse_metadata
+from elmo_cache.text.tokenize import sentence_hash, tokenize
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
 
-FORMAT_VERSIONS = (1,)
-"""Store format versions this reader understands."""
-
-_ARRAYS = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
-# dtype kind and size FORMAT.md prescribes for each array (vectors: from the metadata)
-_INDEX_DTYPES = {"offsets": np.dtype("int64"), "lengths": np.dtype("int32"), "index/hashes": np.dtype("uint64"), "index/rows": np.dtype("int64")}
+_INDEX_DTYPES = {name: np.dtype(dtype) for name, dtype in INDEX_DTYPES.items()}
 
 
 def open(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> Cache:  # noqa: A001 - public API name
@@ -45,71 +42,6 @@ def open(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> Cac
     as empty or zero).
     """
     return Cache(path, allow_incomplete=allow_incomplete)
-
-
-def _unfinished(path: Path) -> IncompleteCacheError:
-    return IncompleteCacheError(
-        f"{path}: the build of this cache was interrupted before it finished; resume it by running the same "
-        "build command again (its sentences become readable when the build completes)"
-    )
-
-
-def _detect(path: Path) -> str:
-    if not path.exists():
-        # A build writes into "<output>.partial/" and renames it to the output when done.
-        if path.with_name(path.name + ".partial").is_dir():
-            raise _unfinished(path)
-        raise CacheNotFoundError(f"cache not found: {path}")
-    if path.is_dir():
-        if (path / ".build").is_dir():  # the staging folder of a running or interrupted build
-            raise _unfinished(path)
-        if (path / "zarr.json").is_file():
-            return "zarr"
-        if (path / ".zgroup").exists() or (path / ".zattrs").exists():
-            raise CacheFormatError(f"{path}: a zarr v2 store; elmo-cache caches are zarr v3 (zarr.json) or HDF5")
-        raise CacheFormatError(f"{path}: a directory without zarr.json, not a zarr v3 cache")
-    from elmo_cache._read_hdf5 import is_hdf5
-
-    if is_hdf5(path):
-        return "hdf5"
-    raise CacheFormatError(f"{path}: neither a zarr v3 directory nor an HDF5 file; not an elmo-cache store")
-
-
-def _parse_metadata(path: Path, raw: Any) -> dict[str, Any]:
-    import json
-
-    if raw is None:
-        raise CacheFormatError(f"{path}: no 'elmo_cache' metadata attribute; not an elmo-cache store")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise CacheFormatError(f"{path}: the 'elmo_cache' metadata attribute is not valid JSON ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("format") != "elmo-cache":
-        raise CacheFormatError(f"{path}: metadata 'format' is not 'elmo-cache'; not an elmo-cache store")
-    version = raw.get("format_version")
-    if version not in FORMAT_VERSIONS:
-        raise CacheFormatError(
-            f"{path}: unsupported format_version {version!r}; this elmo-cache reads {list(FORMAT_VERSIONS)} "
-            "(upgrade elmo-cache or rebuild the cache)"
-        )
-    problems = []
-    if raw.get("kind") not in ("layers", "mix"):
-        problems.append(f"kind {raw.get('kind')!r} (expected 'layers' or 'mix')")
-    if raw.get("dtype") not in ("float16", "float32"):
-        problems.append(f"dtype {raw.get('dtype')!r} (expected 'float16' or 'float32')")
-    if not isinstance(raw.get("dim"), int) or raw["dim"] <= 0:
-        problems.append(f"dim {raw.get('dim')!r} (expected a positive integer)")
-    layers = raw.get("layers")
-    if raw.get("kind") == "layers" and (
-        not isinstance(layers, list) or not layers or layers != sorted(set(layers)) or not set(layers) <= {0, 1, 2}
-    ):
-        problems.append(f"layers {layers!r} (expected a sorted non-empty subset of [0, 1, 2])")
-    if not isinstance(raw.get("complete"), bool):
-        problems.append(f"complete {raw.get('complete')!r} (expected true or false)")
-    if problems:
-        raise CacheFormatError(f"{path}: invalid metadata: " + "; ".join(problems))
-    return raw
 
 
 class Cache:
@@ -127,16 +59,8 @@ class Cache:
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
         self.path = Path(path)
         self._allow_incomplete = allow_incomplete
-        self.format = _detect(self.path)
-        if self.format == "zarr":
-            from elmo_cache._read_zarr import open_zarr
-
-            raw, arrays = open_zarr(self.path, _ARRAYS)
-        else:
-            from elmo_cache._read_hdf5 import open_hdf5
-
-            raw, arrays = open_hdf5(self.path, _ARRAYS)
-        meta = _parse_metadata(self.path, raw)
+        self.format, raw, arrays = store.open_arrays(self.path, ARRAYS)
+        meta = parse_metadata(self.path, raw)
         self._metadata = meta
         self.complete: bool = meta["complete"]
         """False for a cache whose build has not finished (only with ``allow_incomplete``)."""
@@ -172,7 +96,7 @@ class Cache:
             for name in ("index/hashes", "index/rows"):
                 if arrays[name] is None:
                     arrays[name] = np.empty(0, dtype=_INDEX_DTYPES[name])
-        for name in _ARRAYS:
+        for name in ARRAYS:
             if arrays[name] is None:
                 raise CacheFormatError(f"{self.path}: array {name!r} is missing; the cache is corrupt (rebuild it)")
         expected = {"vectors": self.dtype, **_INDEX_DTYPES}

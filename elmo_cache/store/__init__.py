@@ -1,22 +1,33 @@
-"""Writing caches: the two containers of docs/FORMAT.md behind one interface.
+"""The store: docs/FORMAT.md's one layout in two containers, each read and written by one module.
 
-A build asks :func:`writer_class` for the writer of its format, creates or resumes it
-(``Writer.create`` / ``Writer.resume``), appends sentences in input order, commits now and
-then (everything committed survives ``kill -9``), and finally calls ``finalize``. Reading
-is :mod:`elmo_cache.reader`'s job; :func:`read_metadata` here only answers "what is at
-this path?" for a build about to write there.
+* :mod:`elmo_cache.store.format`: every constant of the format and the metadata parser;
+* :mod:`elmo_cache.store.zarr` and :mod:`elmo_cache.store.hdf5`: each container's reader
+  (``open_arrays``, memory-mapped), writer (``ZarrWriter`` / ``Hdf5Writer``), ``read_metadata``
+  and ``open_with_library`` (the container's own library, for ``verify``);
+* ``_staging``: the crash-safe staging both writers share.
+
+This module picks the container of a path or a format name. A build asks :func:`writer_class`
+for the writer of its format, creates or resumes it (``Writer.create`` / ``Writer.resume``),
+appends sentences in input order, commits now and then (everything committed survives
+``kill -9``), and finally calls ``finalize``. :class:`elmo_cache.reader.Cache` opens caches
+through :func:`detect` and :func:`open_arrays`.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from elmo_cache.errors import CacheExistsError, InvalidParameterError
-from elmo_cache.store._hdf5 import Hdf5Writer, read_hdf5_metadata
-from elmo_cache.store._staging import Layout, Progress, Writer, load_progress, staging_path
-from elmo_cache.store._zarr import COMPRESSIONS, SMALL_CHUNK, ZarrWriter, read_zarr_metadata
+from elmo_cache.errors import CacheExistsError, CacheFormatError, CacheNotFoundError, IncompleteCacheError
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.store import hdf5, zarr
+from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
+from elmo_cache.store.format import BUILD_DIR, FORMATS, STAGING_SUFFIX, ZARR_JSON, infer_format, staging_path
+from elmo_cache.store.hdf5 import Hdf5Writer
+from elmo_cache.store.zarr import COMPRESSIONS, SMALL_CHUNK, ZarrWriter
 
 __all__ = [
     "FORMATS",
@@ -27,40 +38,86 @@ __all__ = [
     "Writer",
     "ZarrWriter",
     "Hdf5Writer",
+    "container",
     "writer_class",
     "infer_format",
+    "detect",
+    "open_arrays",
+    "open_with_library",
     "read_metadata",
     "load_progress",
     "staging_path",
     "remove_output",
 ]
 
-FORMATS = ("zarr", "hdf5")
-"""Container formats, in order of preference (zarr is the default)."""
+_CONTAINERS: dict[str, ModuleType] = {"zarr": zarr, "hdf5": hdf5}
 
-_SUFFIXES = {".zarr": "zarr", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5"}
+
+def container(format: str) -> ModuleType:
+    """The module reading and writing ``format`` ("zarr" or "hdf5")."""
+    try:
+        return _CONTAINERS[format]
+    except KeyError:
+        raise InvalidParameterError(f"format: {format!r} is not valid; choose from {list(FORMATS)}") from None
 
 
 def writer_class(format: str) -> type[Writer]:
     """The writer of ``format`` ("zarr" or "hdf5")."""
-    if format == "zarr":
-        return ZarrWriter
-    if format == "hdf5":
-        return Hdf5Writer
-    raise InvalidParameterError(f"format: {format!r} is not valid; choose from {list(FORMATS)}")
+    return ZarrWriter if container(format) is zarr else Hdf5Writer
 
 
-def infer_format(path: str | Path) -> str | None:
-    """The format a path's suffix asks for (``.zarr``, ``.h5``/``.hdf5``), or None."""
-    return _SUFFIXES.get(Path(path).suffix.lower())
+def _unfinished(path: Path) -> IncompleteCacheError:
+    return IncompleteCacheError(
+        f"{path}: the build of this cache was interrupted before it finished; resume it by running the same "
+        "build command again (its sentences become readable when the build completes)"
+    )
+
+
+def detect(path: Path) -> str:
+    """The container of the cache at ``path``: "zarr" or "hdf5".
+
+    Raises :class:`CacheNotFoundError` when nothing is there, :class:`IncompleteCacheError` for
+    the staging folder of an unfinished build, :class:`CacheFormatError` for anything else.
+    """
+    if not path.exists():
+        if staging_path(path).is_dir():
+            raise _unfinished(path)
+        raise CacheNotFoundError(f"cache not found: {path}")
+    if path.is_dir():
+        if (path / BUILD_DIR).is_dir():  # the staging folder of a running or interrupted build
+            raise _unfinished(path)
+        if zarr.is_store(path):
+            return "zarr"
+        if (path / ".zgroup").exists() or (path / ".zattrs").exists():
+            raise CacheFormatError(f"{path}: a zarr v2 store; elmo-cache caches are zarr v3 ({ZARR_JSON}) or HDF5")
+        raise CacheFormatError(f"{path}: a directory without {ZARR_JSON}, not a zarr v3 cache")
+    if hdf5.is_store(path):
+        return "hdf5"
+    raise CacheFormatError(f"{path}: neither a zarr v3 directory nor an HDF5 file; not an elmo-cache store")
+
+
+def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[str, Any, dict[str, Any]]:
+    """``(format, raw metadata attribute, arrays)`` of the cache at ``path``, memory-mapped where possible."""
+    fmt = detect(path)
+    raw, arrays = container(fmt).open_arrays(path, names)
+    return fmt, raw, arrays
+
+
+def open_with_library(path: Path) -> tuple[str, Any, dict[str, Any], Callable[[], None]]:
+    """``(format, raw metadata, arrays, close)`` read by zarr-python or h5py (for ``verify``)."""
+    if not path.exists():
+        raise CacheNotFoundError(f"cache not found: {path}")
+    fmt = "zarr" if path.is_dir() else "hdf5"
+    raw, arrays, close = container(fmt).open_with_library(path)
+    return fmt, raw, arrays, close
 
 
 def read_metadata(path: Path) -> dict[str, Any] | None:
     """The elmo-cache metadata stored at ``path`` (either container), or None if there is none."""
     if path.is_dir():
-        return read_zarr_metadata(path)
+        return zarr.read_metadata(path)
     if path.is_file():
-        return read_hdf5_metadata(path)
+        return hdf5.read_metadata(path)
     return None
 
 
@@ -73,7 +130,10 @@ def remove_output(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():
-        ours = (path / "zarr.json").is_file() or (path / ".build").is_dir() or path.name.endswith(".partial")
+        ours = (path / ZARR_JSON).is_file() or (path / BUILD_DIR).is_dir() or path.name.endswith(STAGING_SUFFIX)
         if not ours and any(path.iterdir()):
-            raise CacheExistsError(f"{path}: a non-empty directory that is not a zarr cache; refusing to delete it, choose another -o/--output")
+            raise CacheExistsError(
+                f"{path}: a non-empty directory that is not a zarr cache; refusing to delete it, "
+                "choose another -o/--output"
+            )
         shutil.rmtree(path)

@@ -19,11 +19,9 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE, staging_path
 
-__all__ = ["Layout", "Progress", "RawColumn", "Writer", "staging_path", "load_progress", "atomic_write_json", "fsync_path"]
-
-BUILD_DIR = ".build"
-PROGRESS = "progress.json"
+__all__ = ["Layout", "Progress", "RawColumn", "Writer", "load_progress", "atomic_write_json", "fsync_path"]
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,6 @@ class Progress:
             return cls(**data)
         except TypeError as exc:
             raise CacheFormatError(f"{where}: unreadable build progress ({exc})") from None
-
-
-def staging_path(output: Path) -> Path:
-    """Where the build of ``output`` keeps its work until it is final."""
-    return output.with_name(output.name + ".partial")
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -177,7 +170,7 @@ class Writer:
         writer.initial_metadata = metadata
         writer.build_dir.mkdir(parents=True)
         writer._create_container()
-        atomic_write_json(writer.build_dir / PROGRESS, progress.to_json())
+        atomic_write_json(writer.build_dir / PROGRESS_FILE, progress.to_json())
         writer._open()
         return writer
 
@@ -223,7 +216,7 @@ class Writer:
         p.seconds += seconds
         p.encoded_tokens += encoded_tokens
         p.extra = extra
-        atomic_write_json(self.build_dir / PROGRESS, p.to_json())
+        atomic_write_json(self.build_dir / PROGRESS_FILE, p.to_json())
         self._pending_lines = self._pending_rows = self._pending_tokens = 0
         self._after_commit()
 
@@ -281,7 +274,7 @@ class Writer:
 
 def load_progress(output: Path) -> Progress | None:
     """The committed progress of an interrupted build of ``output``, or None when there is none."""
-    path = staging_path(output) / BUILD_DIR / PROGRESS
+    path = staging_path(output) / BUILD_DIR / PROGRESS_FILE
     if not path.is_file():
         return None
     try:

@@ -1,6 +1,14 @@
-"""The HDF5 container: raw staging files, copied once into contiguous datasets at the end.
+"""The HDF5 container of docs/FORMAT.md: its reader and its writer.
 
-HDF5 files are not crash safe (a killed writer can leave the whole file unreadable) and a
+Reading. FORMAT.md makes every dataset contiguous, unchunked and unfiltered, so its bytes sit at
+one offset in the file. h5py is used only to read the metadata and those offsets; its
+handle is closed before this function returns, so nothing of h5py (whose handles must not
+cross a fork) lives in the returned arrays. The arrays are ``numpy.memmap`` maps (handed on
+as plain ndarray views of them):
+zero copy, shared between DataLoader workers through the page cache, opened in constant
+time whatever the cache size.
+
+Writing. HDF5 files are not crash safe (a killed writer can leave the whole file unreadable) and a
 contiguous dataset, the only kind a reader can memory-map, cannot grow. So the build appends
 vectors to a raw ``vectors.bin`` in the staging folder and only the finished build writes
 ``cache.h5`` there, with every dataset contiguous and of its final shape, then renames it to
@@ -11,47 +19,117 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
+from elmo_cache.store.format import ARRAYS, HDF5_SIGNATURE, META_KEY, decode_metadata
 
-__all__ = ["Hdf5Writer", "read_hdf5_metadata", "is_hdf5"]
+__all__ = ["Hdf5Writer", "is_store", "read_metadata", "open_arrays", "open_with_library"]
 
-META_KEY = "elmo_cache"
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # Rows copied per step when the vectors move into the HDF5 file (bounds memory, keeps writes large).
 _COPY_BYTES = 64 * 2**20
 
 
-def is_hdf5(path: Path) -> bool:
-    """True when ``path`` is a file starting with the HDF5 signature."""
+def is_store(path: Path) -> bool:
+    """Whether ``path`` starts with the HDF5 signature (at 0, or after a user block of 512 * 2**k bytes)."""
     try:
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
-            return f.read(8) == _HDF5_SIGNATURE
+            where = 0
+            while where + 8 <= size:
+                f.seek(where)
+                if f.read(8) == HDF5_SIGNATURE:
+                    return True
+                where = 512 if where == 0 else where * 2
     except OSError:
         return False
+    return False
 
 
-def read_hdf5_metadata(path: Path) -> dict[str, Any] | None:
-    """The ``elmo_cache`` attribute of an HDF5 file, or None if ``path`` is not one of ours."""
-    if not is_hdf5(path):
+def read_metadata(path: Path) -> dict[str, Any] | None:
+    """The elmo-cache metadata of the HDF5 file at ``path``, or None if it is not one of ours."""
+    if not is_store(path):
         return None
     try:
         with h5py.File(path, "r") as f:
             raw = f.attrs.get(META_KEY)
     except OSError:
         return None
+    return decode_metadata(raw)
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+
+def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, np.ndarray | None]]:
+    """Raw metadata attribute and memory-mapped arrays ``names`` (None where missing)."""
+    layouts: dict[str, tuple[np.dtype, tuple[int, ...], int | None] | None] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            raw = f.attrs.get(META_KEY)
+            for name in names:
+                node = f.get(name)
+                if node is None:
+                    layouts[name] = None
+                    continue
+                if not isinstance(node, h5py.Dataset):
+                    raise CacheFormatError(f"{path}: {name!r} is a group, expected a dataset")
+                plist = node.id.get_create_plist()
+                if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() != 0:
+                    raise CacheFormatError(
+                        f"{path}: dataset {name!r} is chunked, compressed or compact; FORMAT.md requires every "
+                        "dataset of an HDF5 cache to be contiguous and unfiltered (so it can be memory-mapped)"
+                    )
+                if node.dtype.kind not in "iuf":
+                    raise CacheFormatError(f"{path}: dataset {name!r} has dtype {node.dtype}, not a number type")
+                layouts[name] = (node.dtype, tuple(node.shape), node.id.get_offset())
+    except OSError as exc:
+        raise CacheFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", "replace")
+    size = os.path.getsize(path)
+    arrays: dict[str, np.ndarray | None] = {}
+    for name, layout in layouts.items():
+        if layout is None:
+            arrays[name] = None
+            continue
+        dtype, shape, offset = layout
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes == 0:
+            arrays[name] = np.empty(shape, dtype=dtype)
+        elif offset is None:
+            # Storage never allocated: HDF5 reads it as the fill value (zeros for our writers).
+            arrays[name] = np.broadcast_to(np.zeros((), dtype=dtype), shape)
+        elif offset + nbytes > size:
+            raise CacheFormatError(
+                f"{path}: dataset {name!r} needs bytes {offset}..{offset + nbytes} but the file has {size}; truncated"
+            )
+        else:
+            # Handed on as a plain ndarray view of the map (indexing np.memmap runs Python code per call).
+            arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
+    return raw, arrays
+
+
+def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], None]]:
+    """Metadata attribute, datasets (None where missing) and a ``close`` of the file, read by h5py itself.
+
+    ``verify`` checks the format through this rather than through :func:`open_arrays`, so that it
+    tests FORMAT.md, not this module's reading of it. The datasets are valid until ``close()``.
+    """
     try:
-        meta = json.loads(raw) if isinstance(raw, str) else None
-    except json.JSONDecodeError:
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == "elmo-cache" else None
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise CacheFormatError(f"{path}: neither a zarr directory nor a readable HDF5 file ({exc})") from None
+    return handle.attrs.get(META_KEY), {name: handle.get(name) for name in ARRAYS}, handle.close
+
+
+# -- writing ----------------------------------------------------------------------------------------
 
 
 class Hdf5Writer(Writer):

@@ -1,0 +1,159 @@
+"""docs/FORMAT.md in code: every name and value the store format fixes, and the one metadata parser.
+
+The two containers (:mod:`elmo_cache.store.zarr`, :mod:`elmo_cache.store.hdf5`), the reader, the
+build, ``verify`` and ``info`` all take these constants from here, so a change of the format is a
+change of this module and FORMAT.md, nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from elmo_cache.errors import CacheFormatError
+
+__all__ = [
+    "META_KEY",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "ARRAYS",
+    "INDEX_DTYPES",
+    "VECTOR_DTYPES",
+    "KINDS",
+    "LAYER_IDS",
+    "TOKENIZATION",
+    "SENTENCE_HASH",
+    "FORMATS",
+    "SUFFIXES",
+    "STAGING_SUFFIX",
+    "BUILD_DIR",
+    "PROGRESS_FILE",
+    "ZARR_JSON",
+    "HDF5_SIGNATURE",
+    "staging_path",
+    "infer_format",
+    "decode_metadata",
+    "parse_metadata",
+]
+
+META_KEY = "elmo_cache"
+"""Root attribute holding the metadata (zarr: a JSON attribute; HDF5: a string attribute of JSON text)."""
+
+FORMAT_NAME = "elmo-cache"
+"""Value of the metadata key ``format``."""
+
+FORMAT_VERSION = 1
+"""Version this elmo-cache writes."""
+
+FORMAT_VERSIONS = (1,)
+"""Versions this elmo-cache reads."""
+
+ARRAYS = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
+"""Every array of a cache (``vectors``' dtype comes from the metadata)."""
+
+INDEX_DTYPES = {"offsets": "int64", "lengths": "int32", "index/hashes": "uint64", "index/rows": "int64"}
+"""dtype of each per-sentence and index array."""
+
+VECTOR_DTYPES = ("float16", "float32")
+"""Storage dtypes of ``vectors``."""
+
+KINDS = ("layers", "mix")
+"""What a cache stores: a subset of layers, or one fixed mix."""
+
+LAYER_IDS = (0, 1, 2)
+"""ELMo's layers: 0 = the char-CNN token vector, 1 and 2 = the LSTM layers."""
+
+TOKENIZATION = "whitespace"
+"""Metadata ``tokenization``: tokens are ``line.split()`` (BOM dropped), see elmo_cache.text.tokenize."""
+
+SENTENCE_HASH = "blake2b-64-le"
+"""Metadata ``sentence_hash``: the hash the index is sorted by (elmo_cache.text.tokenize.sentence_hash)."""
+
+FORMATS = ("zarr", "hdf5")
+"""Containers, in order of preference (zarr is the default)."""
+
+SUFFIXES = {".zarr": "zarr", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5"}
+"""Output suffixes that choose a container."""
+
+STAGING_SUFFIX = ".partial"
+"""A build writes ``<output>.partial/`` and renames it (or the HDF5 file inside) to the output at the end."""
+
+BUILD_DIR = ".build"
+"""Folder of the staging directory holding the raw per-sentence files and the progress."""
+
+PROGRESS_FILE = "progress.json"
+"""What is durably committed, inside :data:`BUILD_DIR`."""
+
+ZARR_JSON = "zarr.json"
+"""zarr v3 metadata file of the group and of every array."""
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""First bytes of an HDF5 file (at offset 0 or after a user block of 512 * 2**k bytes)."""
+
+
+def staging_path(output: Path) -> Path:
+    """Where the build of ``output`` keeps its work until it is final."""
+    return output.with_name(output.name + STAGING_SUFFIX)
+
+
+def infer_format(path: str | Path) -> str | None:
+    """The container a path's suffix asks for (``.zarr``, ``.h5``/``.hdf5``), or None."""
+    return SUFFIXES.get(Path(path).suffix.lower())
+
+
+def decode_metadata(raw: Any) -> dict[str, Any] | None:
+    """The metadata attribute as a dict when it is elmo-cache's (JSON text or an object), else None."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            return None
+    return raw if isinstance(raw, dict) and raw.get("format") == FORMAT_NAME else None
+
+
+def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
+    """Validate the metadata attribute ``raw`` of the cache at ``where``; every problem is named.
+
+    Raises :class:`~elmo_cache.errors.CacheFormatError` when it is missing, not JSON, not
+    elmo-cache's, of an unknown version, or holds values outside FORMAT.md.
+    """
+    if raw is None:
+        raise CacheFormatError(f"{where}: no {META_KEY!r} metadata attribute; not an elmo-cache store")
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise CacheFormatError(f"{where}: the {META_KEY!r} metadata attribute is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raise CacheFormatError(f"{where}: metadata 'format' is not {FORMAT_NAME!r}; not an elmo-cache store")
+    version = raw.get("format_version")
+    if version not in FORMAT_VERSIONS:
+        raise CacheFormatError(
+            f"{where}: unsupported format_version {version!r}; this elmo-cache reads {list(FORMAT_VERSIONS)} "
+            "(upgrade elmo-cache or rebuild the cache)"
+        )
+    problems = []
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        problems.append(f"kind {kind!r} (expected 'layers' or 'mix')")
+    if raw.get("dtype") not in VECTOR_DTYPES:
+        problems.append(f"dtype {raw.get('dtype')!r} (expected 'float16' or 'float32')")
+    dim = raw.get("dim")
+    if not isinstance(dim, int) or dim <= 0:
+        problems.append(f"dim {dim!r} (expected a positive integer)")
+    layers = raw.get("layers")
+    if kind == "layers" and (
+        not isinstance(layers, list) or not layers or layers != sorted(set(layers)) or not set(layers) <= set(LAYER_IDS)
+    ):
+        problems.append(f"layers {layers!r} (expected a sorted non-empty subset of {list(LAYER_IDS)})")
+    if not isinstance(raw.get("complete"), bool):
+        problems.append(f"complete {raw.get('complete')!r} (expected true or false)")
+    if problems:
+        raise CacheFormatError(f"{where}: invalid metadata: " + "; ".join(problems))
+    return raw
