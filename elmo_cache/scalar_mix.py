@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.mix import ALL_LAYERS, MixSpec, parse_layers
+from elmo_cache.selection import ALL_LAYERS, MixSpec, parse_layers
 
 __all__ = ["ScalarMix"]
 

@@ -1,4 +1,9 @@
-"""What to keep of the three ELMo layers: a subset of layers, or one fixed mix.
+"""What to keep of the three ELMo layers: a subset of layers, or one fixed mix (:class:`Selection`).
+
+One type for every stage that chooses: ``build`` stores a selection, ``verify`` recomputes it,
+the server answers one per request (from the cache when the stored selection contains it),
+and the CLI and the HTTP API parse it from the same words (``layers``, ``mix``, ``gamma``,
+``softmax``), so they accept and refuse the same things with the same messages.
 
 A *fixed* mix is ``gamma * sum_j s_j h_j`` with constant weights, computed in
 float32 before any cast to a storage dtype. Trained models (allennlp's ScalarMix,
@@ -10,16 +15,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.store.format import LAYER_IDS
 
-__all__ = ["ALL_LAYERS", "parse_layers", "parse_floats", "MixSpec"]
+if TYPE_CHECKING:
+    import torch
 
-ALL_LAYERS = (0, 1, 2)
+__all__ = ["ALL_LAYERS", "parse_layers", "parse_floats", "MixSpec", "Selection", "PARAMETER_NAMES"]
+
+ALL_LAYERS = LAYER_IDS
+
+PARAMETER_NAMES: Mapping[str, str] = {"layers": "layers", "mix": "mix", "gamma": "gamma", "softmax": "softmax"}
+"""How the words of a selection are spelled in messages (the CLI passes its flags, e.g. ``--mix-softmax``)."""
+
+# Two mixes are the same when their weights and gamma agree to this relative precision: a mix
+# round-trips through JSON metadata and query strings, which may drop the last bits.
+_MIX_REL_TOL = 1e-9
+_MIX_ABS_TOL = 1e-12
 
 
 def parse_layers(value: str | Iterable[int] | None, *, n_layers: int = 3, parameter: str = "layers") -> tuple[int, ...]:
@@ -88,8 +106,34 @@ class MixSpec:
             return cls(weights=tuple(e / total for e in exps), gamma=float(gamma), raw=numbers)
         return cls(weights=numbers, gamma=float(gamma))
 
+    @classmethod
+    def from_metadata(cls, raw: Mapping[str, Any]) -> MixSpec:
+        """The mix stored as :meth:`to_metadata` wrote it."""
+        return cls(
+            weights=tuple(float(w) for w in raw["weights"]),
+            gamma=float(raw["gamma"]),
+            raw=None if raw.get("raw") is None else tuple(float(x) for x in raw["raw"]),
+        )
+
+    def same_as(self, other: MixSpec) -> bool:
+        """Whether both mixes compute the same vectors (effective weights and gamma, to float round-off)."""
+
+        def close(x: float, y: float) -> bool:
+            return math.isclose(x, y, rel_tol=_MIX_REL_TOL, abs_tol=_MIX_ABS_TOL)
+
+        return (
+            len(self.weights) == len(other.weights)
+            and all(map(close, self.weights, other.weights))
+            and close(self.gamma, other.gamma)
+        )
+
+    def describe(self) -> str:
+        return f"weights {list(self.weights)}, gamma {self.gamma}"
+
     def apply(self, layers: torch.Tensor, *, layer_dim: int = -3) -> torch.Tensor:
         """Mix a float tensor whose ``layer_dim`` axis holds the three layers, in float32."""
+        import torch
+
         weights = torch.tensor(self.weights, dtype=torch.float32, device=layers.device)
         shape = [1] * layers.dim()
         shape[layer_dim] = len(self.weights)
@@ -99,3 +143,179 @@ class MixSpec:
     def to_metadata(self) -> dict[str, Any]:
         """JSON form stored in cache metadata."""
         return {"weights": list(self.weights), "gamma": self.gamma, "raw": None if self.raw is None else list(self.raw), "softmax": self.raw is not None}
+
+
+def _exclusive(names: Mapping[str, str]) -> InvalidParameterError:
+    return InvalidParameterError(
+        f"{names['layers']} and {names['mix']} are exclusive: give one of them, not both "
+        "(a mix already combines all layers)"
+    )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to keep of the three layers: ``layers`` (a sorted subset) or one fixed ``mix``, never both."""
+
+    # Layer ids kept, sorted: vectors of shape (len(layers), n_tokens, dim). None when mixing.
+    layers: tuple[int, ...] | None = ALL_LAYERS
+    # The fixed mix kept instead: vectors of shape (n_tokens, dim). None when keeping layers.
+    mix: MixSpec | None = None
+
+    def __post_init__(self) -> None:
+        if (self.layers is None) == (self.mix is None):
+            raise InvalidParameterError("a selection keeps either layers or one mix")
+
+    # -- making one -------------------------------------------------------------------------------
+
+    @classmethod
+    def of(
+        cls,
+        layers: str | Iterable[int] | None = None,
+        mix: MixSpec | None = None,
+        *,
+        names: Mapping[str, str] = PARAMETER_NAMES,
+    ) -> Selection:
+        """From typed options (``BuildOptions.layers`` / ``.mix``): the mix, or ``layers`` (None: all three)."""
+        if mix is not None and layers is not None:
+            raise _exclusive(names)
+        if mix is not None:
+            return cls(layers=None, mix=mix)
+        return cls(layers=parse_layers(layers, parameter=names["layers"]))
+
+    @classmethod
+    def parse(
+        cls,
+        layers: str | Iterable[int] | None = None,
+        mix: str | Sequence[float] | None = None,
+        gamma: float | None = None,
+        softmax: bool = False,
+        *,
+        names: Mapping[str, str] = PARAMETER_NAMES,
+    ) -> Selection | None:
+        """From user words (flags, query parameters); None when neither ``layers`` nor ``mix`` is given."""
+        if mix is not None and layers is not None:
+            raise _exclusive(names)
+        if mix is None and (gamma is not None or softmax):
+            raise InvalidParameterError(
+                f"{names['gamma']} and {names['softmax']} only apply with {names['mix']} s0,s1,s2: drop them, "
+                f"or use them only with {names['mix']}"
+            )
+        if mix is not None:
+            return cls(layers=None, mix=MixSpec.from_raw(mix, gamma=1.0 if gamma is None else gamma, softmax=softmax))
+        if layers is None:
+            return None
+        return cls(layers=parse_layers(layers, parameter=names["layers"]))
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any]) -> Selection:
+        """What a cache's metadata (``kind``, ``layers``, ``mix``) says it stores."""
+        if meta.get("kind") == "mix":
+            return cls(layers=None, mix=MixSpec.from_metadata(meta["mix"]))
+        return cls(layers=tuple(int(layer) for layer in meta["layers"]))
+
+    # -- describing it ----------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        """``"layers"`` or ``"mix"`` (FORMAT.md's ``kind``)."""
+        return "mix" if self.mix is not None else "layers"
+
+    def to_metadata(self) -> dict[str, Any]:
+        """``kind``, ``layers`` and ``mix`` as FORMAT.md stores them."""
+        return {
+            "kind": self.kind,
+            "layers": None if self.layers is None else list(self.layers),
+            "mix": None if self.mix is None else self.mix.to_metadata(),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """``layers`` and ``mix`` as the server echoes them."""
+        return {"layers": None if self.layers is None else list(self.layers),
+                "mix": None if self.mix is None else self.mix.to_metadata()}
+
+    def row_shape(self, dim: int) -> tuple[int, ...]:
+        """Shape of one token's row in a cache: ``(n_layers, dim)`` or ``(dim,)``."""
+        return (dim,) if self.layers is None else (len(self.layers), dim)
+
+    def vector_shape(self, n_tokens: int, dim: int) -> tuple[int, ...]:
+        """Shape of one sentence's answer: ``(n_layers, n_tokens, dim)`` or ``(n_tokens, dim)``."""
+        return (n_tokens, dim) if self.layers is None else (len(self.layers), n_tokens, dim)
+
+    # -- comparing --------------------------------------------------------------------------------
+
+    def same_as(self, other: Selection) -> bool:
+        """Whether both select the same vectors (mixes compared to float round-off)."""
+        if self.mix is not None or other.mix is not None:
+            return self.mix is not None and other.mix is not None and self.mix.same_as(other.mix)
+        return self.layers == other.layers
+
+    def answerable_from(self, stored: Selection) -> bool:
+        """Whether a cache that stores ``stored`` holds what this selection needs.
+
+        A layered cache answers any subset of its layers and any mix whose non-zero weights fall
+        on stored layers; a mixed cache answers only its own mix.
+        """
+        if stored.mix is not None:
+            return self.mix is not None and self.mix.same_as(stored.mix)
+        kept = set(stored.layers or ())
+        if self.mix is not None:
+            return all(w == 0.0 or j in kept for j, w in enumerate(self.mix.weights))
+        return set(self.layers or ()) <= kept
+
+    def unavailable_message(self, stored: Selection) -> str:
+        """Why a cache storing ``stored`` cannot answer this selection (no model to compute it)."""
+        if stored.mix is not None:
+            return (
+                f"this cache stores only one fixed mix ({stored.mix.describe()}) and no model is loaded; "
+                "omit layers and mix (or pass that mix), or start the server with a model to compute others"
+            )
+        kept = list(stored.layers or ())
+        if self.mix is not None:
+            needed = [j for j, w in enumerate(self.mix.weights) if w != 0.0]
+            return (
+                f"mix: needs layers {needed} but this cache stores layers {kept} and no model is loaded; "
+                f"give zero weight to layers outside {kept}, or start the server with a model"
+            )
+        missing = [layer for layer in self.layers or () if layer not in kept]
+        return f"layers: layer(s) {missing} are not stored in this cache and no model is loaded; choose from {kept}"
+
+    # -- applying ---------------------------------------------------------------------------------
+
+    def apply(self, acts: torch.Tensor, *, layer_dim: int = -3) -> torch.Tensor:
+        """Select or mix the three layers on axis ``layer_dim`` of ``acts`` (a mix runs in float32, drops the axis)."""
+        if self.mix is not None:
+            return self.mix.apply(acts, layer_dim=layer_dim)
+        assert self.layers is not None
+        if self.layers == ALL_LAYERS:
+            return acts
+        import torch
+
+        return acts.index_select(layer_dim, torch.tensor(self.layers, device=acts.device))
+
+    def apply_array(self, acts: np.ndarray, dtype: Any = None) -> np.ndarray:
+        """:meth:`apply` on an encoder output ``(3, n_tokens, dim)`` float32 numpy array, cast to ``dtype``."""
+        if self.mix is not None:
+            import torch
+
+            out = self.mix.apply(torch.from_numpy(np.asarray(acts, dtype=np.float32)), layer_dim=0).numpy()
+        else:
+            out = np.asarray(acts)[list(self.layers or ())]
+        return np.ascontiguousarray(out, dtype=dtype)
+
+    def extract(self, stored: Selection, vectors: np.ndarray, dtype: Any = None) -> np.ndarray:
+        """This selection from one cached sentence ``vectors`` of a cache storing ``stored``.
+
+        Requires :meth:`answerable_from`. A mix of stored layers is computed in float32.
+        """
+        if stored.mix is not None:
+            return np.ascontiguousarray(vectors, dtype=dtype)
+        kept = list(stored.layers or ())
+        if self.mix is None:
+            positions = [kept.index(layer) for layer in self.layers or ()]
+            if positions != list(range(len(kept))):
+                vectors = np.asarray(vectors)[positions]
+            return np.ascontiguousarray(vectors, dtype=dtype)
+        full = np.zeros((len(ALL_LAYERS), vectors.shape[-2], vectors.shape[-1]), dtype=np.float32)
+        for position, layer in enumerate(kept):
+            full[layer] = vectors[position]  # a float32 copy: the store is read-only
+        return Selection(layers=None, mix=self.mix).apply_array(full, dtype)
