@@ -1,0 +1,26 @@
+"""``build``: walk a corpus once and write its ELMo vectors into a cache (docs/FORMAT.md).
+
+* :mod:`~elmo_cache.builder.options`: what a build is asked to do and what it did;
+* :mod:`~elmo_cache.builder.plan`: validating options, naming the output, the build's identity
+  and what to do about a cache or an interrupted build already at the output;
+* :mod:`~elmo_cache.builder.dedupe`: which sentences are repeats and where their rows are;
+* :mod:`~elmo_cache.builder.pipeline`: the reader, encoder and writer threads, and :func:`build`.
+
+(The package is ``builder`` because ``elmo_cache.build`` is the public function.)
+"""
+
+from __future__ import annotations
+
+from elmo_cache.builder.options import BuildOptions, BuildSummary
+from elmo_cache.builder.pipeline import build
+from elmo_cache.builder.plan import DEFAULT_CHUNK_ROWS, default_chunk_rows, default_output, resolve_output
+
+__all__ = [
+    "BuildOptions",
+    "BuildSummary",
+    "build",
+    "DEFAULT_CHUNK_ROWS",
+    "default_chunk_rows",
+    "default_output",
+    "resolve_output",
+]

@@ -1,0 +1,101 @@
+"""What a build is asked to do (:class:`BuildOptions`) and what it did (:class:`BuildSummary`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from elmo_cache.selection import MixSpec
+
+__all__ = ["BuildOptions", "BuildSummary", "disk_bytes"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What to build and how (every field has a default; see ``elmo-cache build --help``)."""
+
+    # Cache path; None: beside the corpus, "corpus.txt" -> "corpus.zarr" (or ".h5"). Needed for stdin.
+    output: str | os.PathLike[str] | None = None
+    # Container "zarr" or "hdf5"; None: from the output suffix (.zarr, .h5, .hdf5), else zarr.
+    format: str | None = None
+    # Layers to store, a subset of 0,1,2 as "1,2" or (1, 2); None: all three. Exclusive with mix.
+    layers: str | Sequence[int] | None = None
+    # Store one fixed mix gamma * sum_j s_j h_j per token instead of layers (MixSpec.from_raw).
+    mix: MixSpec | None = None
+    # Store float16 instead of float32 (half the bytes); selection and mixing happen in float32 first.
+    fp16: bool = False
+    # zarr compressor: "none"/None, "zstd", "blosc-lz4", "blosc-zstd". HDF5 stays uncompressed (memmap).
+    compression: str | None = None
+    # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB). Not valid for HDF5.
+    chunk_rows: int | None = None
+    # Encode each distinct sentence once; repeated sentences point at its rows.
+    dedupe: bool = False
+    # Model name (elmo_cache.model.hub) or directory; None with no files given: the bundled model.
+    model: str | None = None
+    # Explicit options.json + weights HDF5 (both or neither); they win over ``model``.
+    options_file: str | os.PathLike[str] | None = None
+    weight_file: str | os.PathLike[str] | None = None
+    # torch device: "cpu", "cuda", "cuda:N"; None: CUDA when available.
+    device: str | None = None
+    # Encoder arithmetic "fp32", "bf16" or "fp16" (part of the cache identity: it changes the vectors).
+    precision: str = "fp32"
+    # LSTM initial state "zero" or "warm" (see elmo_cache.encoder); "carry" is batch dependent, refused.
+    initial_state: str = "zero"
+    # Tokens per encoder batch (each sentence counts its length + 2 boundary tokens); None: 8192 CPU, 32768 CUDA.
+    batch_tokens: int | None = None
+    # Sentences are sorted by length within windows of this many batches' worth of tokens. Memory
+    # holds about three windows of vectors (Original fp16 layers, CUDA defaults: ~1.5 GB each).
+    window_batches: int = 8
+    # Bytes that are not UTF-8: "strict" (CorpusError naming the line) or "replace" (U+FFFD).
+    errors: str = "strict"
+    # Discard any existing cache or interrupted build at the output and start from scratch.
+    overwrite: bool = False
+    # Show a progress bar on stderr.
+    progress: bool = True
+    # Seconds between durable commits; 0 commits after every window (slower, for tests).
+    commit_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    """What a build produced (``str()`` gives the one-paragraph summary the CLI prints)."""
+
+    path: Path
+    format: str
+    n_sentences: int
+    n_tokens: int
+    n_rows: int
+    n_unique: int
+    bytes: int
+    # Wall seconds of this run, and tokens (all sentences, repeats included) per second in it.
+    seconds: float
+    tokens_per_s: float
+    # Lines already committed by an earlier, interrupted run.
+    resumed_from: int = 0
+    # True when the cache was already complete and nothing was done.
+    already_complete: bool = False
+
+    def __str__(self) -> str:
+        if self.already_complete:
+            return (f"{self.path} is already complete ({self.n_sentences:,} sentences, {self.n_tokens:,} tokens); "
+                    "nothing to do (pass --overwrite to rebuild it)")
+        resumed = f", resumed after line {self.resumed_from:,}" if self.resumed_from else ""
+        return (f"wrote {self.path} ({self.format}): {self.n_sentences:,} sentences, {self.n_tokens:,} tokens, "
+                f"{self.n_rows:,} rows, {self.n_unique:,} distinct sentences, {_human_bytes(self.bytes)} "
+                f"in {self.seconds:.1f} s ({self.tokens_per_s:,.0f} tokens/s{resumed})")
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    raise AssertionError
+
+
+def disk_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,257 @@
+"""Planning a build: validate the options, name the output, and decide what to do with what is already there.
+
+A build's *identity* (:func:`identity`) is everything that changes what the cache holds: the
+container, the selection, dtype, dedupe, chunking, the model and the tokenisation. A cache or an
+interrupted build at the output is reused only when its identity is the command's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elmo_cache import __version__
+from elmo_cache.builder.options import BuildOptions
+from elmo_cache.errors import CacheExistsError, InvalidParameterError
+from elmo_cache.model.identity import comparable_model, model_differences
+from elmo_cache.selection import MixSpec, Selection
+from elmo_cache.store import COMPRESSIONS, FORMATS, Progress, infer_format, load_progress, read_metadata, remove_output
+from elmo_cache.store.format import BUILD_DIR, FORMAT_NAME, FORMAT_VERSION, SENTENCE_HASH, TOKENIZATION, staging_path
+from elmo_cache.text.corpus import Corpus
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_CHUNK_ROWS",
+    "IDENTITY_KEYS",
+    "Plan",
+    "default_chunk_rows",
+    "default_output",
+    "make_plan",
+    "resolve_output",
+    "identity",
+    "differences",
+    "metadata",
+    "options_json",
+    "prepare_output",
+]
+
+DEFAULT_CHUNK_BYTES = 3 * 2**20
+"""Largest zarr ``vectors`` chunk the default allows (see :func:`default_chunk_rows`)."""
+
+
+DEFAULT_CHUNK_ROWS = 512
+"""What :func:`default_chunk_rows` gives Original-size layered float16 rows (6 KiB each)."""
+
+
+def default_chunk_rows(row_bytes: int) -> int:
+    """Rows per zarr chunk when none is asked for: the largest power of two within 3 MiB.
+
+    Measured with ``benchmarks/bench_build.py chunks`` (Original-size rows, 3 x 1024 fp16, 6 KiB
+    each; 2-core VM): a random sentence read through zarr decodes whole chunks and cost 0.94 ms
+    at 128 rows (0.75 MiB), 0.95 ms at 256, 1.01 ms at 512 (3 MiB), 1.62 ms at 1024, 2.65 ms at
+    2048 and 4.74 ms at 4096 (24 MiB). Below ~3 MiB zarr's fixed per-read cost dominates, so
+    smaller chunks only multiply files (a 2.5G-token corpus at 256 rows is ~10M files). The
+    memory-mapped reader is 0.01-0.1 ms whatever the size. Latency follows bytes, not rows, so
+    the rule is in bytes: 512 rows for Original fp16 layers, 256 for fp32, 1024 for a fp16 mix.
+    """
+    rows = 16
+    while rows * 2 * row_bytes <= DEFAULT_CHUNK_BYTES and rows < 65536:
+        rows *= 2
+    return rows
+
+# Identity keys: options that change what the cache holds. A cache or interrupted build
+# whose identity differs from the command's cannot be reused.
+IDENTITY_KEYS = ("container", "kind", "layers", "mix", "dim", "dtype", "dedupe", "compression", "chunk_rows", "model",
+                 "tokenization", "sentence_hash")
+
+
+def default_output(corpus: str | os.PathLike[str], format: str) -> Path:
+    """The cache path beside a corpus: ``data/corpus.txt(.gz)`` -> ``data/corpus.zarr`` (or ``.h5``)."""
+    path = Path(corpus)
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    stem = Path(name).stem or name
+    return path.with_name(stem + (".zarr" if format == "zarr" else ".h5"))
+
+@dataclass(frozen=True)
+class Plan:
+    """The validated, resolved form of :class:`BuildOptions`: what the output will hold and where."""
+
+    # The cache path.
+    output: Path
+    # Container: "zarr" or "hdf5".
+    format: str
+    # The layers or the mix stored.
+    selection: Selection
+    # Storage dtype name: "float16" or "float32".
+    dtype: str
+    # zarr rows per chunk (None for HDF5, and for zarr until the model's width is known).
+    chunk_rows: int | None
+    # zarr compressor name, None for raw bytes.
+    compression: str | None
+
+    def row_shape(self, dim: int) -> tuple[int, ...]:
+        return self.selection.row_shape(dim)
+
+    def with_model(self, dim: int) -> Plan:
+        """This plan once the model's output width ``dim`` is known (fills the default chunk_rows)."""
+        if self.format != "zarr" or self.chunk_rows is not None:
+            return self
+        row_bytes = int(np.prod(self.row_shape(dim))) * np.dtype(self.dtype).itemsize
+        return dataclasses.replace(self, chunk_rows=default_chunk_rows(row_bytes))
+
+
+def make_plan(source: Corpus, options: BuildOptions) -> Plan:
+    """Check every option against the others and the corpus; raise :class:`InvalidParameterError` naming it."""
+    if options.format is not None and options.format not in FORMATS:
+        raise InvalidParameterError(f"format: {options.format!r} is not valid; choose from {list(FORMATS)}")
+    if options.output is None and source.path is None:
+        raise InvalidParameterError("output: reading the corpus from stdin needs -o/--output")
+    suffix_format = infer_format(options.output) if options.output is not None else None
+    if options.format and suffix_format and options.format != suffix_format:
+        raise InvalidParameterError(
+            f"format: --format {options.format} contradicts the output suffix {Path(options.output).suffix!r} ({suffix_format})")
+    fmt = options.format or suffix_format or "zarr"
+    output = Path(options.output) if options.output is not None else default_output(source.path, fmt)  # type: ignore[arg-type]
+    if source.path is not None and output.resolve() == source.path.resolve():
+        raise InvalidParameterError(f"output: {output} is the corpus itself; choose another -o/--output")
+
+    selection = Selection.of(options.layers, options.mix)
+
+    compression = None if options.compression in (None, "none") else options.compression
+    if compression is not None and compression not in COMPRESSIONS:
+        raise InvalidParameterError(f"compression: {compression!r} is not valid; choose from {list(COMPRESSIONS)}")
+    if fmt == "hdf5":
+        if compression is not None:
+            raise InvalidParameterError("compression: only zarr caches can be compressed; HDF5 datasets stay "
+                                        "contiguous so that readers can memory-map them")
+        if options.chunk_rows is not None:
+            raise InvalidParameterError("chunk_rows: only zarr caches are chunked; HDF5 datasets are contiguous")
+        chunk_rows = None
+    else:
+        chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)  # None: set once dim is known
+        if chunk_rows is not None and chunk_rows < 1:
+            raise InvalidParameterError(f"chunk_rows: must be a positive number of rows, got {chunk_rows}")
+    if options.batch_tokens is not None and options.batch_tokens < 1:
+        raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
+    from elmo_cache.encoder import PRECISIONS
+
+    if options.precision not in PRECISIONS:
+        raise InvalidParameterError(f"precision: {options.precision!r} is not valid; choose from {list(PRECISIONS)}")
+    if options.initial_state not in ("zero", "warm"):
+        raise InvalidParameterError(f"initial_state: {options.initial_state!r} is not valid for a build; choose from "
+                                    "['zero', 'warm'] ('carry' makes vectors depend on batch order)")
+    if options.window_batches < 1:
+        raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
+    if options.commit_seconds < 0:
+        raise InvalidParameterError(f"commit_seconds: must be >= 0, got {options.commit_seconds}")
+    return Plan(output, fmt, selection, "float16" if options.fp16 else "float32", chunk_rows, compression)
+
+
+def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Path:
+    """The path ``build(corpus, options)`` will write (validating the options on the way)."""
+    source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
+    return make_plan(source, options).output
+
+def identity(plan: Plan, encoder: Any, *, dedupe: bool) -> dict[str, Any]:
+    """What the cache will hold, as compared with an existing cache or an interrupted build at the output."""
+    return {
+        "container": plan.format,
+        **plan.selection.to_metadata(),
+        "dim": int(encoder.output_dim),
+        "dtype": plan.dtype,
+        "dedupe": dedupe,
+        "compression": plan.compression,
+        "chunk_rows": plan.chunk_rows,
+        "model": dict(encoder.identity),
+        "tokenization": TOKENIZATION,
+        "sentence_hash": SENTENCE_HASH,
+    }
+
+
+def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
+    out = {key: identity.get(key) for key in IDENTITY_KEYS}
+    out["model"] = comparable_model(out["model"])  # where the model came from does not matter
+    return out
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs between two identities ("" when nothing does)."""
+    a, b = _comparable(old), _comparable(new)
+    parts = []
+    for key in IDENTITY_KEYS:
+        if a[key] != b[key]:
+            if key == "model":
+                parts.append(f"model ({', '.join(sorted(model_differences(a[key], b[key])))} differ)")
+            else:
+                parts.append(f"{key}: {a[key]!r} there, {b[key]!r} now")
+    return "; ".join(parts)
+
+
+def metadata(
+    identity: dict[str, Any], progress: Progress, *, complete: bool, n_unique: int, build_info: dict[str, Any]
+) -> dict[str, Any]:
+    """The cache metadata of FORMAT.md for a build at ``progress``."""
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "complete": complete,
+        **{k: v for k, v in identity.items() if k != "container"},
+        "n_sentences": progress.lines,
+        "n_tokens": progress.tokens,
+        "n_rows": progress.rows,
+        "n_unique": n_unique,
+        "elmo_cache_version": __version__,
+        "build": build_info,
+    }
+    return meta
+
+
+def options_json(options: BuildOptions) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if isinstance(value, MixSpec):
+            value = value.to_metadata()
+        elif isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool) -> tuple[str, Any]:
+    """Decide what to do about what is already at the output: ("complete", meta), ("resume", progress) or ("fresh", None)."""
+    output = plan.output
+    staging = staging_path(output)
+    if output.exists() or output.is_symlink():
+        meta = read_metadata(output)
+        there = {**meta, "container": "zarr" if output.is_dir() else "hdf5"} if meta else None
+        if not overwrite:
+            if meta is None:
+                raise CacheExistsError(f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
+                                       "or pass --overwrite to replace it")
+            if _comparable(there) != _comparable(identity):
+                raise CacheExistsError(f"{output} was built with other options ({differences(there, identity)}); "
+                                       "pass --overwrite to rebuild it")
+            if meta.get("complete") is True:
+                remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
+                if staging.exists():
+                    remove_output(staging)
+                return "complete", meta
+            raise CacheExistsError(f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it")
+        remove_output(output)
+    if staging.exists():
+        progress = None if overwrite else load_progress(output)
+        if progress is not None:
+            if _comparable(progress.identity) != _comparable(identity):
+                raise CacheExistsError(
+                    f"{staging} holds an interrupted build with other options ({differences(progress.identity, identity)}); "
+                    "rerun it with its own options to resume it, or pass --overwrite to discard it")
+            return "resume", progress
+        remove_output(staging)
+    return "fresh", None
