@@ -3,7 +3,8 @@
 Every error a user can cause derives from :class:`ElmoCacheError` *and* from the
 builtin it specialises, so callers may catch either ``ElmoCacheError`` or the
 familiar ``FileNotFoundError`` / ``ValueError``. The CLI and the server catch
-``ElmoCacheError`` in one place and print its message plainly.
+``ElmoCacheError`` in one place and print its message plainly; the server's errors
+module alone turns each class into an HTTP status.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ __all__ = [
     "CacheFormatError",
     "IncompleteCacheError",
     "CacheExistsError",
+    "ServiceError",
+    "QueueFullError",
+    "NotReadyError",
+    "LimitExceededError",
+    "NotInCacheError",
+    "AuthenticationError",
 ]
 
 
@@ -65,3 +72,44 @@ class IncompleteCacheError(CacheFormatError):
 
 class CacheExistsError(ElmoCacheError, FileExistsError):
     """The output exists and was built with other options (use ``--overwrite``)."""
+
+
+class ServiceError(ElmoCacheError):
+    """A request the embedding service refuses; ``code`` is a stable machine-readable reason."""
+
+    code = "service_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class QueueFullError(ServiceError, RuntimeError):
+    """Too many live encodings are already waiting; retry later."""
+
+    code = "queue_full"
+
+
+class NotReadyError(ServiceError, RuntimeError):
+    """The service is still loading or already shutting down (``code`` says which)."""
+
+    code = "not_ready"
+
+
+class LimitExceededError(ServiceError, ValueError):
+    """A request is larger than a configured limit (tokens per sentence, sentences per request)."""
+
+    code = "limit_exceeded"
+
+
+class NotInCacheError(ServiceError, LookupError):
+    """Sentences are not in the cache and no model is loaded to encode them."""
+
+    code = "not_in_cache"
+
+
+class AuthenticationError(ServiceError, PermissionError):
+    """A request without the API key the service requires."""
+
+    code = "unauthorized"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from fastapi import Depends, FastAPI
 
 from elmo_cache import __version__
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model import hub
+from elmo_cache.model.identity import model_differences
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.deps import require_api_key
 from elmo_cache.server.errors import HANDLED, error_handler
@@ -29,6 +32,8 @@ from elmo_cache.server.service import EmbedService
 from elmo_cache.server.settings import Settings, load_settings
 
 __all__ = ["create_app", "load_resources", "check_compatible"]
+
+_log = logging.getLogger("elmo_cache.server")
 
 _DESCRIPTION = """\
 Contextual ELMo vectors, answered from a precomputed elmo-cache store when the
@@ -42,14 +47,15 @@ def check_compatible(cache: Any, encoder: Any) -> None:
     metadata = getattr(cache, "metadata", None) or {}
     built_with = metadata.get("model") or {}
     identity = getattr(encoder, "identity", None) or {}
-    for key in ("weights_sha256", "initial_state", "precision"):
-        ours, theirs = identity.get(key), built_with.get(key)
-        if ours is not None and theirs is not None and ours != theirs:
-            raise InvalidParameterError(
-                f"model: the cache was built with {key} {theirs!r} but the loaded model has {ours!r}; "
-                "live answers would not match cached ones (serve the cache with the model, --precision and "
-                "initial state that built it)"
-            )
+    differences = model_differences(built_with, identity)
+    if differences:
+        key = differences[0]
+        theirs, ours = (repr(built_with.get(key)), repr(identity.get(key))) if key != "options" else ("others", "others")
+        raise InvalidParameterError(
+            f"model: the cache was built with {key} {theirs} but the loaded model has {ours}; "
+            "live answers would not match cached ones (serve the cache with the model, --precision and "
+            "initial state that built it)"
+        )
     dim = metadata.get("dim")
     if dim is not None and int(dim) != int(encoder.output_dim):
         raise InvalidParameterError(
@@ -60,6 +66,11 @@ def check_compatible(cache: Any, encoder: Any) -> None:
 def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None) -> tuple[Any, Any]:
     """Load whatever ``settings`` name and was not passed in; returns ``(encoder, cache)``.
 
+    Without a model in ``settings``, a cache is served with the model recorded in its metadata
+    when that model is here (:func:`elmo_cache.model.hub.locate`: the bundled one, a downloaded
+    published one, or the directory it came from), so misses are encoded as the hits were;
+    otherwise the cache alone is served, and the log says why.
+
     Raises :class:`ElmoCacheError` subclasses (missing files, bad model, foreign
     cache, model/cache mismatch) so the CLI can print them plainly.
     """
@@ -67,8 +78,8 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
         import elmo_cache
 
         cache = elmo_cache.open(settings.cache_path)
-    if encoder is None and settings.has_model:
-        from elmo_cache.encoder import load_encoder
+    if encoder is None and (settings.has_model or cache is not None):
+        from elmo_cache.encoder import Encoder, load_encoder
 
         # Live answers must match cached ones: by default encode as the cache was built.
         built_with = ((getattr(cache, "metadata", None) or {}).get("model") or {}) if cache is not None else {}
@@ -77,7 +88,14 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
             "precision": settings.precision or built_with.get("precision") or "fp32",
             "initial_state": built_with.get("initial_state") or "zero",
         }
-        encoder = load_encoder(settings.model, settings.options_file, settings.weight_file, **kwargs)
+        if settings.has_model:
+            encoder = load_encoder(settings.model, settings.options_file, settings.weight_file, **kwargs)
+        else:
+            files, why = hub.locate(built_with)
+            if files is not None:
+                encoder = Encoder.from_model(files, **kwargs)
+            else:
+                _log.warning("serving %s from the cache only, no live encodings: %s", settings.cache_path, why)
     if cache is None and encoder is None:
         raise InvalidParameterError(
             "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"

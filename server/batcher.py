@@ -1,7 +1,7 @@
 """Micro-batching of live encodings: concurrent requests share one encoder call.
 
 Requests enter a bounded :class:`asyncio.Queue`; when it is full the request is
-refused at once (429) rather than left waiting. One worker task takes the oldest
+refused at once (:class:`~elmo_cache.errors.QueueFullError`, a 429) rather than left waiting. One worker task takes the oldest
 request, then keeps adding queued requests until the batch holds ``batch_tokens``
 tokens or ``max_wait`` has passed since it started gathering, and runs the encoder
 in a dedicated thread so the event loop keeps answering cache hits meanwhile.
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.server.errors import ApiError
+from elmo_cache.errors import NotReadyError, QueueFullError
 from elmo_cache.server.metrics import Metrics
 
 __all__ = ["LiveBatcher"]
@@ -85,7 +85,7 @@ class LiveBatcher:
         self._worker = asyncio.create_task(self._run(), name="elmo-cache-batcher")
 
     async def close(self) -> None:
-        """Stop the worker; requests still waiting get 503."""
+        """Stop the worker; requests still waiting get :class:`~elmo_cache.errors.NotReadyError` (shutting down)."""
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -97,7 +97,7 @@ class LiveBatcher:
         self._carry = None
         for job in pending:
             if not job.future.done():
-                job.future.set_exception(ApiError(503, "shutting_down", "the server is shutting down"))
+                job.future.set_exception(NotReadyError("the server is shutting down", code="shutting_down"))
         self._metrics.queue_depth.set(0)
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
@@ -106,20 +106,17 @@ class LiveBatcher:
     async def submit(self, sentences: list[list[str]], finish: Callable[[list[np.ndarray]], Any]) -> tuple[Any, _Job]:
         """Queue ``sentences`` (non-empty token lists) for the encoder; returns ``finish(arrays)`` and the job.
 
-        Raises :class:`ApiError` 429 at once when ``queue_size`` requests are already waiting.
+        Raises :class:`~elmo_cache.errors.QueueFullError` at once when ``queue_size`` requests are already waiting.
         """
         if self._queue is None or not self.running:
-            raise ApiError(503, "not_ready", "live encoding is not running (the server is starting or stopping)")
+            raise NotReadyError("live encoding is not running (the server is starting or stopping)")
         job = _Job(sentences=sentences, finish=finish, future=asyncio.get_running_loop().create_future())
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
             self._metrics.rejected.inc()
-            raise ApiError(
-                429,
-                "queue_full",
-                f"{self.queue_size} live requests are already waiting for the encoder (queue_size); retry later",
-                headers={"Retry-After": "1"},
+            raise QueueFullError(
+                f"{self.queue_size} live requests are already waiting for the encoder (queue_size); retry later"
             ) from None
         self._metrics.queue_depth.set(self._queue.qsize())
         self._arrived.set()
@@ -167,7 +164,7 @@ class LiveBatcher:
             except asyncio.CancelledError:
                 for job in jobs:
                     if not job.future.done():
-                        job.future.set_exception(ApiError(503, "shutting_down", "the server is shutting down"))
+                        job.future.set_exception(NotReadyError("the server is shutting down", code="shutting_down"))
                 raise
             except Exception as exc:  # the encoder failed: every request of the batch learns why
                 for job in jobs:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from elmo_cache.server.errors import ApiError
+from elmo_cache.errors import AuthenticationError, NotReadyError
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.service import EmbedService, Timings
 from elmo_cache.server.settings import Settings
@@ -31,7 +31,7 @@ async def get_metrics(request: Request) -> Metrics:
 async def get_service(request: Request) -> EmbedService:
     service = getattr(request.app.state, "service", None)
     if service is None:
-        raise ApiError(503, "not_ready", "the server is still loading its model/cache; retry shortly")
+        raise NotReadyError("the server is still loading its model/cache; retry shortly")
     return service
 
 
@@ -59,7 +59,4 @@ async def require_api_key(
     given = credentials.credentials.encode() if credentials is not None else b""
     if credentials is None or not secrets.compare_digest(given, expected):
         reason = "missing" if credentials is None else "wrong"
-        raise ApiError(
-            401, "unauthorized", f"{reason} API key: send the header 'Authorization: Bearer <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise AuthenticationError(f"{reason} API key: send the header 'Authorization: Bearer <key>'")

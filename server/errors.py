@@ -2,7 +2,9 @@
 
 One handler (:func:`error_handler`) is registered for library errors
 (:class:`ElmoCacheError`), request validation problems and HTTP exceptions, so a
-client always gets the same shape whatever went wrong.
+client always gets the same shape whatever went wrong. This module is the only place
+that knows HTTP statuses: the service, the batcher and the dependencies raise library
+errors (:class:`~elmo_cache.errors.QueueFullError`, ...) and :data:`STATUS` maps them.
 """
 
 from __future__ import annotations
@@ -16,25 +18,20 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elmo_cache.errors import (
+    AuthenticationError,
     CacheFormatError,
     CacheNotFoundError,
     ElmoCacheError,
     InvalidParameterError,
+    LimitExceededError,
     ModelNotFoundError,
+    NotInCacheError,
+    NotReadyError,
+    QueueFullError,
+    ServiceError,
 )
 
-__all__ = ["ApiError", "ErrorBody", "ErrorResponse", "error_handler", "error_responses", "HANDLED"]
-
-
-class ApiError(ElmoCacheError):
-    """A request the server refuses, with the HTTP status and a stable machine-readable code."""
-
-    def __init__(self, status_code: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.code = code
-        self.message = message
-        self.headers = headers
+__all__ = ["ErrorBody", "ErrorResponse", "STATUS", "error_handler", "error_responses", "HANDLED"]
 
 
 class ErrorBody(BaseModel):
@@ -49,13 +46,25 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-# Library errors that reach a route are user mistakes about parameters or data.
-_LIBRARY_STATUS: tuple[tuple[type[ElmoCacheError], int, str], ...] = (
+# Library error -> (HTTP status, code; None: the error's own ``code``), first match wins. Other
+# library errors that reach a route are user mistakes about parameters or data: 400.
+STATUS: tuple[tuple[type[ElmoCacheError], int, str | None], ...] = (
+    (QueueFullError, 429, None),
+    (NotReadyError, 503, None),
+    (LimitExceededError, 413, None),
+    (NotInCacheError, 404, None),
+    (AuthenticationError, 401, None),
     (InvalidParameterError, 422, "invalid_parameter"),
     (CacheNotFoundError, 404, "cache_not_found"),
     (ModelNotFoundError, 404, "model_not_found"),
     (CacheFormatError, 500, "cache_format"),
 )
+
+# Headers that tell a client what to do next, per refusal.
+_HEADERS: dict[type[ElmoCacheError], dict[str, str]] = {
+    QueueFullError: {"Retry-After": "1"},
+    AuthenticationError: {"WWW-Authenticate": "Bearer"},
+}
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -90,8 +99,6 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, list[dict[st
 
 async def error_handler(request: Request, exc: Exception) -> JSONResponse:
     """Turn any handled exception into the uniform JSON error body."""
-    if isinstance(exc, ApiError):
-        return _json_error(exc.status_code, exc.code, exc.message, headers=exc.headers)
     if isinstance(exc, RequestValidationError):
         message, details = _describe_validation(exc)
         return _json_error(422, "validation_error", message, details=details)
@@ -99,9 +106,10 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         code = getattr(exc, "code", None) or _HTTP_CODES.get(exc.status_code, "http_error")
         return _json_error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
-    for cls, status, code in _LIBRARY_STATUS:
+    for cls, status, code in STATUS:
         if isinstance(exc, cls):
-            return _json_error(status, code, str(exc))
+            own = exc.code if isinstance(exc, ServiceError) else None
+            return _json_error(status, code or own or "error", str(exc), headers=_HEADERS.get(cls))
     if isinstance(exc, ElmoCacheError):
         return _json_error(400, "bad_request", str(exc))
     return _json_error(500, "internal_error", f"internal error ({type(exc).__name__}): {exc}")

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from fastapi.responses import Response
 
-from elmo_cache.server.service import Embedding, OutputSpec
+from elmo_cache.selection import Selection
+from elmo_cache.server.service import Embedding
 
 try:  # optional speed-up: orjson writes float arrays ~10x faster than json.dumps of lists
     import orjson
@@ -64,7 +65,7 @@ def _dumps(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def render_one(embedding: Embedding, spec: OutputSpec, fmt: Format) -> Response:
+def render_one(embedding: Embedding, selection: Selection, fmt: Format) -> Response:
     """The response of ``GET /embed``."""
     if fmt is Format.npy:
         buffer = io.BytesIO()
@@ -81,20 +82,20 @@ def render_one(embedding: Embedding, spec: OutputSpec, fmt: Format) -> Response:
             headers["X-Elmo-Tokens"] = tokens
         return Response(buffer.getvalue(), media_type=NPY_MEDIA_TYPE, headers=headers)
     payload = _item(embedding, fmt)
-    payload.update(spec.describe())
+    payload.update(selection.describe())
     return Response(_dumps(payload), media_type="application/json")
 
 
-def render_many(embeddings: list[Embedding], spec: OutputSpec, fmt: Format) -> Response:
+def render_many(embeddings: list[Embedding], selection: Selection, fmt: Format) -> Response:
     """The response of ``POST /embed``: one entry per sentence, in request order."""
     if fmt is Format.npy:
         buffer = io.BytesIO()
         np.savez(buffer, *[_little_endian(e.vectors) for e in embeddings])
         headers = {
             "X-Elmo-Sources": ",".join(e.source for e in embeddings),
-            "X-Elmo-Dtype": embeddings[0].vectors.dtype.name if embeddings else spec.dtype.name,
+            "X-Elmo-Dtype": embeddings[0].vectors.dtype.name if embeddings else "float32",
             "X-Elmo-Count": str(len(embeddings)),
         }
         return Response(buffer.getvalue(), media_type=NPZ_MEDIA_TYPE, headers=headers)
-    payload = {"results": [_item(e, fmt) for e in embeddings], **spec.describe()}
+    payload = {"results": [_item(e, fmt) for e in embeddings], **selection.describe()}
     return Response(_dumps(payload), media_type="application/json")

@@ -107,11 +107,11 @@ async def embed_one(
     format: Annotated[Format, Query(description=_FORMAT_DOC)] = Format.json,
 ) -> Response:
     """Answer from the cache when the sentence is there, else encode it live (404 with a cache alone)."""
-    spec = service.resolve(layers, mix, gamma, softmax)
+    selection = service.resolve(layers, mix, gamma, softmax)
     token_lists = service.tokenize_all([sentence])
-    [embedding] = await service.embed(token_lists, spec, timings)
+    [embedding] = await service.embed(token_lists, selection, timings)
     started = time.perf_counter()
-    response = await _render(render_one, embedding, spec, format)
+    response = await _render(render_one, embedding, selection, format)
     timings.add("serialize", time.perf_counter() - started)
     return response
 
@@ -124,10 +124,10 @@ async def embed_one(
 )
 async def embed_many(service: ServiceDep, timings: TimingsDep, body: EmbedRequest) -> Response:
     """Same as ``GET /embed`` for every sentence of the body; misses of one request share live batches."""
-    spec = service.resolve(body.layers, body.mix, body.gamma, body.softmax)
+    selection = service.resolve(body.layers, body.mix, body.gamma, body.softmax)
     token_lists = service.tokenize_all(body.sentences)
-    embeddings = await service.embed(token_lists, spec, timings)
+    embeddings = await service.embed(token_lists, selection, timings)
     started = time.perf_counter()
-    response = await _render(render_many, embeddings, spec, body.format)
+    response = await _render(render_many, embeddings, selection, body.format)
     timings.add("serialize", time.perf_counter() - started)
     return response
