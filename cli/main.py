@@ -31,8 +31,11 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from elmo_cache.cli.build import build_command, export_command, info_command, verify_command
+    from elmo_cache.cli.build import build_command
+    from elmo_cache.cli.export import export_command
+    from elmo_cache.cli.info import info_command
     from elmo_cache.cli.serve import serve_command
+    from elmo_cache.cli.verify import verify_command
 
     for command in (build_command, info_command, verify_command, export_command, serve_command):
         cli.add_command(command)

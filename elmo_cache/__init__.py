@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _EXPORTS = {
     "Encoder": "elmo_cache.encoder",
-    "ModelOptions": "elmo_cache.options",
-    "MixSpec": "elmo_cache.mix",
+    "ModelOptions": "elmo_cache.model.options",
+    "MixSpec": "elmo_cache.selection",
     "BuildOptions": "elmo_cache.builder",
     "build": "elmo_cache.builder",
     "open": "elmo_cache.reader",
@@ -24,8 +24,8 @@ _EXPORTS = {
     "CacheDataset": "elmo_cache.dataset",
     "collate": "elmo_cache.dataset",
     "ScalarMix": "elmo_cache.scalar_mix",
-    "tokenize": "elmo_cache.tokenize",
-    "sentence_hash": "elmo_cache.tokenize",
+    "tokenize": "elmo_cache.text.tokenize",
+    "sentence_hash": "elmo_cache.text.tokenize",
     "ElmoCacheError": "elmo_cache.errors",
     "ModelNotFoundError": "elmo_cache.errors",
     "ModelDownloadError": "elmo_cache.errors",
@@ -37,6 +37,11 @@ _EXPORTS = {
     "CacheFormatError": "elmo_cache.errors",
     "IncompleteCacheError": "elmo_cache.errors",
     "CacheExistsError": "elmo_cache.errors",
+    "QueueFullError": "elmo_cache.errors",
+    "NotReadyError": "elmo_cache.errors",
+    "LimitExceededError": "elmo_cache.errors",
+    "NotInCacheError": "elmo_cache.errors",
+    "AuthenticationError": "elmo_cache.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -46,11 +51,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from elmo_cache.dataset import CacheDataset, collate
     from elmo_cache.encoder import Encoder
     from elmo_cache.errors import *  # noqa: F403
-    from elmo_cache.mix import MixSpec
-    from elmo_cache.options import ModelOptions
+    from elmo_cache.selection import MixSpec
+    from elmo_cache.model.options import ModelOptions
     from elmo_cache.reader import Cache, open
     from elmo_cache.scalar_mix import ScalarMix
-    from elmo_cache.tokenize import sentence_hash, tokenize
+    from elmo_cache.text.tokenize import sentence_hash, tokenize
 
 
 def __getattr__(name: str) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.corpus import Corpus
+from elmo_cache.text.corpus import Corpus
 from elmo_cache.errors import CacheExistsError, CorpusError
 
 __all__ = ["ExportSummary", "export"]

@@ -1,6 +1,6 @@
 """``verify``: check a cache's structure and, optionally, a sample of its vectors against a fresh encoding.
 
-The structure checks read the arrays directly with zarr or h5py (not through the reader),
+The structure checks read the arrays with zarr-python or h5py themselves (not through the reader),
 so that they test the format as FORMAT.md states it, not the reader's interpretation.
 With the corpus (``corpus=`` or the input path recorded in the metadata, when it still
 exists) every line's token count and hash are checked, which proves the sentence index.
@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.corpus import Corpus
-from elmo_cache.errors import CacheFormatError, CacheNotFoundError, InvalidParameterError
-from elmo_cache.mix import MixSpec
-from elmo_cache.tokenize import sentence_hash
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model.identity import model_differences
+from elmo_cache.selection import Selection
+from elmo_cache.store import open_with_library
+from elmo_cache.store.format import FORMAT_VERSION, INDEX_DTYPES, decode_metadata
+from elmo_cache.text.corpus import Corpus
+from elmo_cache.text.tokenize import sentence_hash
 
-__all__ = ["VerifyReport", "verify", "open_arrays", "tolerance"]
-
-_ARRAYS = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
-_DTYPES = {"offsets": "int64", "lengths": "int32", "index/hashes": "uint64", "index/rows": "int64"}
+__all__ = ["VerifyReport", "verify", "tolerance"]
 
 
 @dataclass
@@ -51,41 +51,6 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def open_arrays(path: Path) -> tuple[str, dict[str, Any], dict[str, Any], Any]:
-    """``(format, metadata, arrays, handle)`` of a cache; close ``handle`` (h5py) when done."""
-    if not path.exists():
-        raise CacheNotFoundError(f"cache not found: {path}")
-    if path.is_dir():
-        import zarr
-
-        try:
-            group = zarr.open_group(str(path), mode="r")
-        except Exception as exc:  # zarr raises many types for foreign directories
-            raise CacheFormatError(f"{path}: not a zarr v3 group ({exc})") from None
-        meta = group.attrs.get("elmo_cache")
-        arrays = {}
-        for name in _ARRAYS:
-            try:
-                arrays[name] = group[name]
-            except KeyError:
-                arrays[name] = None
-        return "zarr", meta, arrays, None
-    import h5py
-
-    try:
-        handle = h5py.File(path, "r")
-    except OSError as exc:
-        raise CacheFormatError(f"{path}: neither a zarr directory nor a readable HDF5 file ({exc})") from None
-    raw = handle.attrs.get("elmo_cache")
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", "replace")
-    try:
-        meta = json.loads(raw) if isinstance(raw, str) else None
-    except json.JSONDecodeError:
-        meta = None
-    return "hdf5", meta, {name: handle.get(name) for name in _ARRAYS}, handle
-
-
 def tolerance(dtype: str, precision: str) -> tuple[float, float]:
     """``(atol, rtol)`` between stored vectors and a fresh fp32 encoding.
 
@@ -100,13 +65,9 @@ def tolerance(dtype: str, precision: str) -> tuple[float, float]:
 
 
 def _expected(reference: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
-    """What the cache should hold for a fresh ``(3, n, D)`` float32 encoding, before the cast."""
-    if meta["kind"] == "mix":
-        import torch
-
-        mix = MixSpec(weights=tuple(meta["mix"]["weights"]), gamma=float(meta["mix"]["gamma"]))
-        return mix.apply(torch.from_numpy(reference), layer_dim=0).numpy()
-    return reference[list(meta["layers"])].transpose(1, 0, 2)
+    """What the cache should hold for a fresh ``(3, n, D)`` float32 encoding, token-major, before the cast."""
+    selected = Selection.from_metadata(meta).apply_array(reference)
+    return selected if meta["kind"] == "mix" else selected.transpose(1, 0, 2)
 
 
 def verify(
@@ -128,10 +89,11 @@ def verify(
     corpus or a usable model.
     """
     path = Path(path)
-    fmt, meta, arrays, handle = open_arrays(path)
+    fmt, raw, arrays, close = open_with_library(path)
+    meta = decode_metadata(raw)
     report = VerifyReport(path)
     try:
-        if not isinstance(meta, dict) or meta.get("format") != "elmo-cache":
+        if meta is None:
             report.problems.append("no elmo-cache metadata (attribute 'elmo_cache'); not an elmo-cache store")
             return report
         _check_structure(fmt, meta, arrays, report)
@@ -153,14 +115,13 @@ def verify(
             _check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device)
         return report
     finally:
-        if handle is not None:
-            handle.close()
+        close()
 
 
 def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
     problems = report.problems
-    if meta.get("format_version") != 1:
-        problems.append(f"format_version {meta.get('format_version')!r}; this elmo-cache knows version 1")
+    if meta.get("format_version") != FORMAT_VERSION:
+        problems.append(f"format_version {meta.get('format_version')!r}; this elmo-cache knows version {FORMAT_VERSION}")
     if meta.get("complete") is not True:
         problems.append("complete is not true: the build was interrupted; rerun the same build command to finish it")
     missing = [name for name, a in arrays.items() if a is None]
@@ -174,7 +135,7 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         problems.append(f"vectors has shape {tuple(vectors.shape)}, expected (n_rows, {', '.join(map(str, row))})")
     if str(vectors.dtype) != meta.get("dtype"):
         problems.append(f"vectors has dtype {vectors.dtype}, metadata says {meta.get('dtype')}")
-    for name, dtype in _DTYPES.items():
+    for name, dtype in INDEX_DTYPES.items():
         if str(arrays[name].dtype) != dtype or len(arrays[name].shape) != 1:
             problems.append(f"{name} is {arrays[name].dtype} {tuple(arrays[name].shape)}, expected 1-D {dtype}")
     if fmt == "hdf5":
@@ -293,13 +254,19 @@ def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], 
 
 
 def _load_model(meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None) -> Any:
+    """The model asked for, else the one the cache records (found locally, else loaded by its recorded name)."""
     from elmo_cache.encoder import Encoder, load_encoder
+    from elmo_cache.model import hub
 
     identity = meta.get("model") or {}
-    kwargs = {"device": device, "precision": identity.get("precision", "fp32"), "initial_state": identity.get("initial_state", "zero")}
-    if options_file is not None or weight_file is not None:
-        return load_encoder(None, options_file, weight_file, **kwargs)
-    name = model or identity.get("name")
+    kwargs = {"device": device, "precision": identity.get("precision", "fp32"),
+              "initial_state": identity.get("initial_state", "zero")}
+    if options_file is not None or weight_file is not None or model is not None:
+        return load_encoder(model, options_file, weight_file, **kwargs)
+    files, _ = hub.locate(identity)
+    if files is not None:
+        return Encoder.from_model(files, **kwargs)
+    name = identity.get("name")
     if not name:
         raise InvalidParameterError("the cache does not name its model; pass --model or --options-file/--weight-file")
     try:
@@ -309,15 +276,15 @@ def _load_model(meta: dict[str, Any], model: str | None, options_file: Any, weig
                                     "--options-file/--weight-file") from None
 
 
-def _check_sample(meta, arrays, tokens: dict[int, list[str]], report: VerifyReport, encoder, model, options_file, weight_file, device) -> None:
+def _check_sample(meta: dict[str, Any], arrays: dict[str, Any], tokens: dict[int, list[str]], report: VerifyReport,
+                  encoder: Any, model: str | None, options_file: Any, weight_file: Any, device: str | None) -> None:
     if encoder is None:
         encoder = _load_model(meta, model, options_file, weight_file, device)
     stored_model = meta.get("model") or {}
-    mine = encoder.identity
-    for key in ("options", "weights_sha256", "initial_state", "precision"):
-        if stored_model.get(key) != mine.get(key):
-            report.problems.append(f"the model given differs from the one that built the cache ({key})")
-            return
+    differences = model_differences(stored_model, encoder.identity)
+    if differences:
+        report.problems.append(f"the model given differs from the one that built the cache ({differences[0]})")
+        return
     lines = sorted(tokens)
     references = encoder.embed_batch([tokens[i] for i in lines])
     atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))

@@ -1,0 +1,31 @@
+"""Options several commands share: which model to load, and how a selection's words are spelled as flags."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from elmo_cache.model.hub import BUNDLED, PUBLISHED_MODELS
+
+__all__ = ["model_options", "SELECTION_FLAGS"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SELECTION_FLAGS = {"layers": "--layers", "mix": "--mix", "gamma": "--gamma", "softmax": "--mix-softmax"}
+"""Selection parameters as the CLI spells them in messages (elmo_cache.selection.Selection.parse)."""
+
+
+def model_options(function: F) -> F:
+    """``--model``, ``--options-file``, ``--weight-file`` and ``--device``."""
+    names = ", ".join([BUNDLED, *PUBLISHED_MODELS])
+    for option in reversed([
+        click.option("--model", default=None, help=f"Model name ({names}) or a directory with options JSON + "
+                     f"weights HDF5. Default: {BUNDLED} (shipped with elmo-cache, no download)."),
+        click.option("--options-file", type=click.Path(dir_okay=False), default=None, help="options.json of the model."),
+        click.option("--weight-file", type=click.Path(dir_okay=False), default=None, help="Weights HDF5 of the model."),
+        click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available."),
+    ]):
+        function = option(function)
+    return function

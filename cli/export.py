@@ -1,0 +1,19 @@
+"""``elmo-cache export``: a cache in the original allennlp HDF5 layout."""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["export_command"]
+
+
+@click.command("export")
+@click.argument("cache", type=click.Path())
+@click.argument("output", type=click.Path())
+@click.option("--corpus", default=None, help="Corpus for sentence_to_index. Default: the recorded input path.")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+def export_command(cache, output, corpus, overwrite):
+    """Write CACHE to OUTPUT in the original allennlp HDF5 layout (one dataset per line)."""
+    from elmo_cache.export import export
+
+    click.echo(str(export(cache, output, corpus=corpus, overwrite=overwrite)))
