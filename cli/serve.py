@@ -11,7 +11,9 @@ __all__ = ["serve_command"]
 
 @click.command("serve")
 @click.argument("cache", required=False, type=click.Path(path_type=Path))
-@click.option("--model", help="Model for live encodings: a name (original, ...) or a directory. [env: ELMO_CACHE_MODEL]")
+@click.option("--model", help="Model for live encodings: a name (bundled, original, ...) or a directory. "
+              "[default: the model that built CACHE when it is available locally, else none (cache only)] "
+              "[env: ELMO_CACHE_MODEL]")
 @click.option("--options-file", type=click.Path(path_type=Path), help="options.json of the model (with --weight-file).")
 @click.option("--weight-file", type=click.Path(path_type=Path), help="Weight file of the model (with --options-file).")
 @click.option("--device", help="Torch device of the encoder (cpu, cuda, cuda:1); default: CUDA when available.")
@@ -30,6 +32,11 @@ __all__ = ["serve_command"]
 def serve_command(cache: Path | None, **flags) -> None:
     """Serve CACHE (optional when a model is given) over HTTP with FastAPI + uvicorn.
 
+    Sentences missing from CACHE are encoded live with --model, or without it with the model
+    recorded in CACHE when that model is here (the bundled one always is; a published one once
+    downloaded; a local directory while it holds the same weights); otherwise CACHE alone is
+    served and the reason is logged.
+
     Every option can also be set with an ELMO_CACHE_<OPTION> environment variable
     (e.g. ELMO_CACHE_API_KEY, ELMO_CACHE_PORT; CACHE is ELMO_CACHE_CACHE_PATH); flags win. The model and cache are
     loaded before the server starts listening, so a mistake is reported at once.
@@ -44,8 +51,8 @@ def serve_command(cache: Path | None, **flags) -> None:
     app = create_app(settings, encoder=encoder, cache=store)
     what = " and ".join(part for part in (
         f"cache {settings.cache_path}" if store is not None else "",
-        "a live model" if encoder is not None else "",
-    ) if part)
+        f"the live model {encoder.name!r}" if encoder is not None else "",
+    ) if part) + ("" if encoder is not None else " only (no live encodings)")
     click.echo(f"elmo-cache: serving {what} on http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(
         app,

@@ -24,7 +24,8 @@ class Settings(BaseSettings):
 
     # Store to answer from (zarr directory or HDF5 file); None: encode everything live.
     cache_path: Path | None = Field(None, description="cache to answer from (zarr directory or .h5 file)")
-    # A model name known to Encoder.load ("original", ...) or a directory holding options + weights.
+    # A model name known to Encoder.load ("bundled", "original", ...) or a directory holding options + weights;
+    # None: with a cache, the model recorded in it when that model is available locally.
     model: str | None = Field(None, description="model name or directory for live encodings")
     # The two files of a model in the original layout (alternative to `model`).
     options_file: Path | None = Field(None, description="options.json of the model (with weight_file)")

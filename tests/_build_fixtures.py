@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_cache.mix import MixSpec
-from elmo_cache.verify import open_arrays
+from elmo_cache.selection import MixSpec
+from elmo_cache.store import open_with_library
 
 
 def corpus_lines(n: int = 30, seed: int = 0) -> list[str]:
@@ -42,12 +43,12 @@ def expected_rows(reference: np.ndarray, *, layers=None, mix: MixSpec | None = N
 
 def raw_arrays(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """Metadata and every array of a cache, read whole with zarr/h5py."""
-    _, meta, arrays, handle = open_arrays(Path(path))
+    _, raw, arrays, close = open_with_library(Path(path))
     try:
+        meta = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
         return meta, {name: np.asarray(array[...]) for name, array in arrays.items()}
     finally:
-        if handle is not None:
-            handle.close()
+        close()
 
 
 def without_timings(meta: dict) -> dict:

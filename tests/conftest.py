@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmo_cache.modelgen import PRESETS, write_random_model
+from elmo_cache.model.random_model import PRESETS, write_random_model
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "bilm_tf_golden"
@@ -55,3 +55,33 @@ def tiny_encoder(tiny_model):
     from elmo_cache import Encoder
 
     return Encoder.from_files(*tiny_model, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def bundled_model(tmp_path_factory):
+    """The bundled model's ModelFiles. Before the trained files are dropped into
+    elmo_cache/model/bundled/ (a fresh checkout has only options.json and the card), a random
+    placeholder of the same architecture stands in for the whole session."""
+    from elmo_cache.model import hub
+    from elmo_cache.model.random_model import write_placeholder_bundle
+
+    if (hub.BUNDLED_DIR / "weights.hdf5").is_file():
+        yield hub.resolve(hub.BUNDLED)
+        return
+    directory = tmp_path_factory.mktemp("bundled")
+    write_placeholder_bundle(directory)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hub, "BUNDLED_DIR", directory)
+        yield hub.resolve(hub.BUNDLED)
+
+
+@pytest.fixture()
+def offline(monkeypatch, tmp_path):
+    """No downloads: an empty model cache, and any attempt to fetch a published model fails the test."""
+    import pooch
+
+    def refuse(url, *args, **kwargs):
+        raise AssertionError(f"tried to download {url}")
+
+    monkeypatch.setenv("ELMO_CACHE_MODELS", str(tmp_path / "model-cache"))
+    monkeypatch.setattr(pooch, "retrieve", refuse)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
-from elmo_cache.tokenize import tokenize
+from elmo_cache.text.tokenize import tokenize
 from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus  # noqa: F401
 
 LINES = corpus_lines(20, seed=7)

@@ -1,4 +1,4 @@
-"""elmo_cache.corpus: line = sentence, and a defined result for every awkward input."""
+"""elmo_cache.text.corpus: line = sentence, and a defined result for every awkward input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from elmo_cache.corpus import Corpus
+from elmo_cache.text.corpus import Corpus
 from elmo_cache.errors import CorpusError, InvalidParameterError
 
 

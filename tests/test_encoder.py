@@ -209,7 +209,7 @@ def test_original_size_model_with_both_clips_firing_matches_reference(tmp_path):
     """Full Original dimensions (4096 cells, 2048 filters, 7 widths), a batch of mixed lengths."""
     from dataclasses import replace
 
-    from elmo_cache.modelgen import PRESETS, write_random_model
+    from elmo_cache.model.random_model import PRESETS, write_random_model
 
     # A random full-size model keeps its projections small, so the projection clip is lowered
     # until it fires; the cell clip fires at the published 3.0.

@@ -15,9 +15,9 @@ import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheFormatError, CacheNotFoundError, CorpusError, ElmoCacheError, IncompleteCacheError
-from elmo_cache.mix import MixSpec
-from elmo_cache.modelgen import write_random_model
-from elmo_cache.tokenize import tokenize
+from elmo_cache.selection import MixSpec
+from elmo_cache.model.random_model import write_random_model
+from elmo_cache.text.tokenize import tokenize
 
 LINES = [
     "the cat sat on the mat .",

@@ -83,7 +83,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encod
 def test_a_failed_finish_is_retried(tmp_path, tiny_encoder, monkeypatch, fmt):
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(40, seed=2))
     output = tmp_path / ("c.zarr" if fmt == "zarr" else "c.h5")
-    module = __import__(f"elmo_cache.store._{fmt}", fromlist=["os"])
+    module = __import__(f"elmo_cache.store.{fmt}", fromlist=["os"])
 
     def failing(*args, **kwargs):
         raise OSError(28, "No space left on device")

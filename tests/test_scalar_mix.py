@@ -10,7 +10,7 @@ import torch
 
 from elmo_cache import ScalarMix
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.mix import MixSpec
+from elmo_cache.selection import MixSpec
 
 
 def test_forward_is_gamma_times_softmax_weighted_sum():
@@ -80,7 +80,7 @@ def test_cli_build_with_learned_mix_stores_what_the_module_computes(tmp_path):
 
     import elmo_cache
     from elmo_cache.cli.main import cli
-    from elmo_cache.modelgen import write_random_model
+    from elmo_cache.model.random_model import write_random_model
 
     options, weights = write_random_model(tmp_path / "model", "tiny", seed=4)
     corpus = tmp_path / "corpus.txt"

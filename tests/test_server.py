@@ -16,9 +16,9 @@ import torch
 
 import elmo_cache
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.mix import MixSpec
+from elmo_cache.selection import MixSpec
 from elmo_cache.server import Settings, create_app, load_resources
-from elmo_cache.tokenize import tokenize
+from elmo_cache.text.tokenize import tokenize
 
 LINES = [
     "The cat sat on the mat .",
@@ -297,7 +297,7 @@ def test_mixed_float16_cache(tmp_path, encoder):
 
 
 def test_model_that_did_not_build_the_cache_is_refused(tmp_path, layered_cache):
-    from elmo_cache.modelgen import write_random_model
+    from elmo_cache.model.random_model import write_random_model
 
     other = elmo_cache.Encoder.from_files(*write_random_model(tmp_path, "tiny", seed=7), device="cpu")
     with pytest.raises(InvalidParameterError, match="weights_sha256"):

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import elmo_cache
 from elmo_cache.cli.main import cli
-from elmo_cache.tokenize import tokenize
+from elmo_cache.text.tokenize import tokenize
 
 LINES = ["The cat sat on the mat .", "hello world", "Colourless green ideas sleep furiously ."]
 

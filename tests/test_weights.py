@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from elmo_cache import Encoder
-from elmo_cache.chars import sentence_char_ids, word_char_ids
+from elmo_cache.model.chars import sentence_char_ids, word_char_ids
 from elmo_cache.errors import ElmoCacheError, ModelDownloadError, ModelNotFoundError, OptionsError, WeightFileError
-from elmo_cache.modelgen import PRESETS, weight_shapes, write_random_model
-from elmo_cache.models import PUBLISHED_MODELS
-from elmo_cache.options import ModelOptions
+from elmo_cache.model.random_model import PRESETS, write_random_model
+from elmo_cache.model.weights import weight_shapes
+from elmo_cache.model.hub import PUBLISHED_MODELS
+from elmo_cache.model.options import ModelOptions
 
 
 @pytest.fixture()
@@ -129,7 +130,7 @@ def test_named_model_loads_from_the_model_cache_without_network(tmp_path, monkey
 def test_download_failure_says_what_to_fetch_and_where(tmp_path, monkeypatch):
     monkeypatch.setenv("ELMO_CACHE_MODELS", str(tmp_path))
     # A closed loopback port fails at once, like a machine without network.
-    monkeypatch.setattr("elmo_cache.models._BASE_URL", "http://127.0.0.1:9/models/elmo")
+    monkeypatch.setattr("elmo_cache.model.hub._BASE_URL", "http://127.0.0.1:9/models/elmo")
     with pytest.raises(ModelDownloadError) as info:
         Encoder.load("medium", device="cpu")
     message = str(info.value)
@@ -175,3 +176,44 @@ def test_load_encoder_picks_files_over_names_and_explains_mistakes(model):
         load_encoder(None, model[0], None)
     with pytest.raises(InvalidParameterError, match="no model"):
         load_encoder(None)
+
+
+def _datasets(options):
+    from elmo_cache.model.random_model import random_weights
+
+    return random_weights(options, seed=8)
+
+
+def test_write_weight_file_round_trips_through_the_loader(tmp_path):
+    from elmo_cache.model.weights import write_weight_file
+
+    options = PRESETS["tiny"]
+    datasets = {name: array.astype(np.float64) for name, array in _datasets(options).items()}
+    options_path = tmp_path / "options.json"
+    options_path.write_text(json.dumps(options.to_dict()))
+    path = write_weight_file(tmp_path / "weights.hdf5", options, datasets)
+    with h5py.File(path, "r") as f:
+        assert all(f[name].dtype == np.float32 for name in weight_shapes(options))
+        np.testing.assert_array_equal(f["CNN_proj/W_proj"][()], datasets["CNN_proj/W_proj"].astype(np.float32))
+    assert Encoder.from_files(options_path, path, device="cpu").embed_sentence(["hi"]).shape == (3, 1, 32)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("CNN_high_0/b_carry"), r"'CNN_high_0/b_carry' is missing.*\(124,\)"),
+        (lambda d: d.__setitem__("softmax/W", np.zeros((3, 3))), "'softmax/W' is not part of the weight file"),
+        (lambda d: d.__setitem__("CNN_proj/W_proj", np.zeros((124, 17))), r"'CNN_proj/W_proj' has shape \(124, 17\).*\(124, 16\)"),
+        (lambda d: d["char_embed"].__setitem__((0, 0), np.inf), "'char_embed' contains NaN or infinite"),
+        (lambda d: d.__setitem__("CNN/b_cnn_0", np.zeros(4, dtype=np.int32)), "'CNN/b_cnn_0' has dtype int32"),
+    ],
+)
+def test_write_weight_file_refuses_what_the_options_do_not_describe(tmp_path, change, message):
+    from elmo_cache.model.weights import write_weight_file
+
+    datasets = _datasets(PRESETS["tiny"])
+    change(datasets)
+    target = tmp_path / "weights.hdf5"
+    with pytest.raises(WeightFileError, match=message):
+        write_weight_file(target, PRESETS["tiny"], datasets)
+    assert not target.exists() and not list(tmp_path.iterdir())

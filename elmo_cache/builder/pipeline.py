@@ -46,8 +46,9 @@ _WINDOW_MAX_SENTENCES = 1 << 16
 
 def _load_encoder(options: BuildOptions) -> Any:
     from elmo_cache.encoder import load_encoder
+    from elmo_cache.model.hub import BUNDLED
 
-    return load_encoder(options.model, options.options_file, options.weight_file,
+    return load_encoder(options.model or BUNDLED, options.options_file, options.weight_file,
                         device=options.device, precision=options.precision, initial_state=options.initial_state)
 
 
