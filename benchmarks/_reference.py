@@ -13,7 +13,7 @@ This is deliberately *not* optimised. It does what bilm-tf (TensorFlow ``LSTMCel
 
 It reads the weights itself, straight from the HDF5 file in the original layout, so that it
 shares no code with the encoder it is compared with (only the character ids, from
-:func:`elmo_cache.chars.sentence_char_ids`). Its output has the layout of
+:func:`elmo_cache.model.chars.sentence_char_ids`). Its output has the layout of
 ``Encoder.embed_batch``: one ``(3, n_tokens, 2P)`` float32 array per sentence.
 
 Precision ``"bf16"`` (or ``"fp16"``, for GPUs) casts the weights and the inputs of every matmul
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elmo_cache.chars import sentence_char_ids
-from elmo_cache.options import ModelOptions
+from elmo_cache.model.chars import sentence_char_ids
+from elmo_cache.model.options import ModelOptions
 
 __all__ = ["ReferenceElmo"]
 

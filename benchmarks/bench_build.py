@@ -8,7 +8,7 @@
 1..60, mean ~25) with ``Encoder.embed_sentences`` (pure encoder, results discarded) and with
 ``build`` end to end (reading, hashing, encoding, writing, committing, finishing), alternating
 the two ``--repeats`` times, and prints the median tokens/s of each. Models are random-weight
-models of the published shapes (``elmo_cache.modelgen``): the cost of a model depends on its
+models of the published shapes (``elmo_cache.model.random_model``): the cost of a model depends on its
 shape, not on its weights.
 
 ``chunks`` writes Original-size rows (3 layers x 1024, float16) into zarr arrays with several
@@ -69,7 +69,7 @@ def synthetic_corpus(path: Path, sentences: int, seed: int = 0) -> int:
 
 def load_encoder(args, workdir: Path):
     from elmo_cache import Encoder
-    from elmo_cache.modelgen import write_random_model
+    from elmo_cache.model.random_model import write_random_model
 
     if args.options_file:
         return Encoder.from_files(args.options_file, args.weight_file, device=args.device, precision=args.precision)
@@ -79,7 +79,7 @@ def load_encoder(args, workdir: Path):
 
 def throughput(args) -> None:
     from elmo_cache.builder import BuildOptions, build
-    from elmo_cache.tokenize import tokenize
+    from elmo_cache.text.tokenize import tokenize
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

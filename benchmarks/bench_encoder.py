@@ -10,7 +10,7 @@ GFLOP/s, the best matmul GFLOP/s of the same dtype measured in the same run, and
 (utilisation); the reference path's tokens/s on a slice of the corpus and the speed-up; the
 error of every precision against fp32 and of the encoder against the reference; the machine.
 
-The model is random, in the original weight-file layout (``elmo_cache.modelgen``), and
+The model is random, in the original weight-file layout (``elmo_cache.model.random_model``), and
 cached under ``~/.cache/elmo-cache-bench/`` (or ``$ELMO_CACHE_BENCH_DIR``): speed does not
 depend on the values of the weights, only on their shapes.
 """
@@ -35,8 +35,8 @@ from _corpus import corpus_stats, make_corpus, take_tokens  # noqa: E402
 from _machine import DTYPES, MatmulPeak, describe_machine, measure_matmul_peak, synchronize  # noqa: E402
 from _reference import ReferenceElmo  # noqa: E402
 
-from elmo_cache.modelgen import PRESETS, write_random_model  # noqa: E402
-from elmo_cache.options import ModelOptions  # noqa: E402
+from elmo_cache.model.random_model import PRESETS, write_random_model  # noqa: E402
+from elmo_cache.model.options import ModelOptions  # noqa: E402
 
 SIZES = ("original", "medium", "small")
 # Timed corpus per size on a CPU: a few minutes for the whole run at the expected speeds.

@@ -36,7 +36,7 @@ import zarr
 
 import elmo_cache
 from elmo_cache.builder import DEFAULT_CHUNK_ROWS
-from elmo_cache.tokenize import sentence_hash
+from elmo_cache.text.tokenize import sentence_hash
 
 
 def machine() -> str:

@@ -175,7 +175,7 @@ def main() -> None:
 
     import elmo_cache
     from elmo_cache.builder import BuildOptions, build
-    from elmo_cache.modelgen import write_random_model
+    from elmo_cache.model.random_model import write_random_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     try:

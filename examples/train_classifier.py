@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from elmo_cache import CacheDataset, Encoder, ScalarMix, collate
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.modelgen import write_random_model
+from elmo_cache.model.random_model import write_random_model
 
 # Two classes told apart by their vocabulary, with shared filler words in between.
 _WORDS = {
