@@ -26,32 +26,143 @@ import numpy as np
 __all__ = ["CorpusStats", "make_vocabulary", "make_corpus", "corpus_stats", "write_corpus", "take_tokens"]
 
 _ONSETS = (
-    "", "", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
-    "y", "z", "bl", "br", "ch", "cl", "cr", "dr", "fl", "fr", "gr", "pl", "pr", "sh", "sl", "sp",
-    "st", "str", "th", "tr", "wh",
+    "",
+    "",
+    "",
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "y",
+    "z",
+    "bl",
+    "br",
+    "ch",
+    "cl",
+    "cr",
+    "dr",
+    "fl",
+    "fr",
+    "gr",
+    "pl",
+    "pr",
+    "sh",
+    "sl",
+    "sp",
+    "st",
+    "str",
+    "th",
+    "tr",
+    "wh",
 )
 _NUCLEI = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ea", "ee", "ou", "ai", "oo", "y", "ie")
 _CODAS = (
-    "", "", "", "", "n", "r", "s", "t", "l", "d", "m", "ng", "st", "nt", "rd", "ck", "th", "ss",
-    "ll", "rs", "ts", "nd",
+    "",
+    "",
+    "",
+    "",
+    "n",
+    "r",
+    "s",
+    "t",
+    "l",
+    "d",
+    "m",
+    "ng",
+    "st",
+    "nt",
+    "rd",
+    "ck",
+    "th",
+    "ss",
+    "ll",
+    "rs",
+    "ts",
+    "nd",
 )
 _SUFFIXES = ("", "", "", "", "", "s", "ed", "ing", "ly", "er", "tion", "ment", "ness", "al", "ity")
 # The most frequent tokens of English text are short function words and punctuation.
 _TOP = (
-    "the", ",", ".", "of", "and", "to", "a", "in", "is", "that", "for", "it", "was", "on", "with",
-    "as", "he", "be", "by", "at", "'s", "from", "his", "an", "have", "are", "not", "this", "''",
-    "``", "but", "had", "they", "(", ")", "or", "which", "-", "were", "she", "has", "their", "one",
-    "you", "been", "all", "would", "there", "we", ":", "its", "will", "more", "when", "who", "said",
-    "--", ";", "?", "$", "%", "!",
+    "the",
+    ",",
+    ".",
+    "of",
+    "and",
+    "to",
+    "a",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "was",
+    "on",
+    "with",
+    "as",
+    "he",
+    "be",
+    "by",
+    "at",
+    "'s",
+    "from",
+    "his",
+    "an",
+    "have",
+    "are",
+    "not",
+    "this",
+    "''",
+    "``",
+    "but",
+    "had",
+    "they",
+    "(",
+    ")",
+    "or",
+    "which",
+    "-",
+    "were",
+    "she",
+    "has",
+    "their",
+    "one",
+    "you",
+    "been",
+    "all",
+    "would",
+    "there",
+    "we",
+    ":",
+    "its",
+    "will",
+    "more",
+    "when",
+    "who",
+    "said",
+    "--",
+    ";",
+    "?",
+    "$",
+    "%",
+    "!",
 )
 
 
 def _syllable(rng: np.random.Generator) -> str:
-    return (
-        _ONSETS[rng.integers(len(_ONSETS))]
-        + _NUCLEI[rng.integers(len(_NUCLEI))]
-        + _CODAS[rng.integers(len(_CODAS))]
-    )
+    return _ONSETS[rng.integers(len(_ONSETS))] + _NUCLEI[rng.integers(len(_NUCLEI))] + _CODAS[rng.integers(len(_CODAS))]
 
 
 def _number(rng: np.random.Generator) -> str:
@@ -103,9 +214,7 @@ def _sentence_lengths(n: int, rng: np.random.Generator, mean: float) -> np.ndarr
     mu_main = np.log(base) - sigma_main**2 / 2
     mu_long = np.log(base * long_factor) - sigma_long**2 / 2
     is_long = rng.random(n) < long_share
-    lengths = np.where(
-        is_long, rng.lognormal(mu_long, sigma_long, n), rng.lognormal(mu_main, sigma_main, n)
-    )
+    lengths = np.where(is_long, rng.lognormal(mu_long, sigma_long, n), rng.lognormal(mu_main, sigma_main, n))
     return np.clip(np.rint(lengths), 1, 200).astype(np.int64)
 
 

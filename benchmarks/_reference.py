@@ -120,9 +120,7 @@ class ReferenceElmo:
             h = gate * transform + (1.0 - gate) * h
         return (h.to(mm) @ self.w_proj).float() + self.b_proj
 
-    def _lstm_layer(
-        self, x: torch.Tensor, mask: torch.Tensor, params: tuple[torch.Tensor, ...]
-    ) -> torch.Tensor:
+    def _lstm_layer(self, x: torch.Tensor, mask: torch.Tensor, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """One layer-direction over (B, T, P) inputs, one timestep at a time."""
         o = self.options
         w, bias, w_p = params

@@ -49,8 +49,10 @@ def machine() -> str:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{platform.node()}: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} "
-            f"threads, {gpu}, load average {load:.1f}")
+    return (
+        f"{platform.node()}: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} "
+        f"threads, {gpu}, load average {load:.1f}"
+    )
 
 
 def synthetic_corpus(path: Path, sentences: int, seed: int = 0) -> int:
@@ -90,9 +92,12 @@ def throughput(args) -> None:
         encoder = load_encoder(args, workdir)
         batch_tokens = args.batch_tokens or (32768 if encoder.device.type == "cuda" else 8192)
         print(machine())
-        print(f"model {args.size if not args.options_file else args.options_file} (dim {encoder.output_dim}), device "
-              f"{encoder.device}, precision {args.precision}; corpus {len(sentences):,} sentences, {tokens:,} tokens; "
-              f"batch_tokens {batch_tokens}; storing {args.layers or 'all layers'}{' fp16' if args.fp16 else ''}, {args.format}")
+        print(
+            f"model {args.size if not args.options_file else args.options_file} (dim {encoder.output_dim}), device "
+            f"{encoder.device}, precision {args.precision}; corpus {len(sentences):,} sentences, {tokens:,} tokens; "
+            f"batch_tokens {batch_tokens}; storing {args.layers or 'all layers'}{' fp16' if args.fp16 else ''}, "
+            f"{args.format}"
+        )
         encoder.embed_batch(sentences[:50])  # warm-up
         pure, full = [], []
         for repeat in range(args.repeats):
@@ -106,8 +111,19 @@ def throughput(args) -> None:
             pure.append(tokens / (time.perf_counter() - start))
             output = workdir / ("cache.zarr" if args.format == "zarr" else "cache.h5")
             start = time.perf_counter()
-            build(corpus, BuildOptions(output=output, overwrite=True, progress=False, batch_tokens=batch_tokens,
-                                       layers=args.layers, fp16=args.fp16, dedupe=args.dedupe), encoder=encoder)
+            build(
+                corpus,
+                BuildOptions(
+                    output=output,
+                    overwrite=True,
+                    progress=False,
+                    batch_tokens=batch_tokens,
+                    layers=args.layers,
+                    fp16=args.fp16,
+                    dedupe=args.dedupe,
+                ),
+                encoder=encoder,
+            )
             full.append(tokens / (time.perf_counter() - start))
             print(f"  run {repeat + 1}: encoder {pure[-1]:,.0f} tok/s, build {full[-1]:,.0f} tok/s")
         p, b = statistics.median(pure), statistics.median(full)
@@ -127,25 +143,51 @@ def chunks(args) -> None:
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     rows = int(lengths.sum())
     row_shape = (3, 1024)
-    print(f"{rows:,} rows of 3 x 1024 float16 ({rows * 6144 / 2**30:.2f} GiB), {len(lengths):,} sentences (mean "
-          f"{lengths.mean():.1f} tokens); {args.reads} random sentence reads per setting, page cache warm")
+    print(
+        f"{rows:,} rows of 3 x 1024 float16 ({rows * 6144 / 2**30:.2f} GiB), {len(lengths):,} sentences (mean "
+        f"{lengths.mean():.1f} tokens); {args.reads} random sentence reads per setting, page cache warm"
+    )
     data = (rng.standard_normal((min(rows, 65536), *row_shape)) * 0.5).astype(np.float16)
     picks = rng.integers(0, len(lengths), size=args.reads)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for chunk_rows in args.chunk_rows:
             root = Path(tmp) / f"c{chunk_rows}.zarr"
             group = zarr.create_group(store=str(root), attributes={})
-            array = group.create_array("vectors", shape=(rows, *row_shape), chunks=(chunk_rows, *row_shape),
-                                       dtype="float16", compressors=None, fill_value=0)
+            array = group.create_array(
+                "vectors",
+                shape=(rows, *row_shape),
+                chunks=(chunk_rows, *row_shape),
+                dtype="float16",
+                compressors=None,
+                fill_value=0,
+            )
             step = max(chunk_rows, len(data) // chunk_rows * chunk_rows)
             for start in range(0, rows, step):
                 block = data[: min(step, rows - start)]
                 array[start : start + len(block)] = block
-            meta = {"format": "elmo-cache", "format_version": 1, "complete": True, "kind": "layers", "layers": [0, 1, 2],
-                    "mix": None, "dim": 1024, "dtype": "float16", "n_sentences": len(lengths), "n_tokens": rows,
-                    "n_rows": rows, "n_unique": 0, "dedupe": False, "compression": None, "chunk_rows": chunk_rows}
-            for name, values in (("offsets", offsets), ("lengths", lengths), ("index/hashes", np.zeros(0, np.uint64)),
-                                 ("index/rows", np.zeros(0, np.int64))):
+            meta = {
+                "format": "elmo-cache",
+                "format_version": 1,
+                "complete": True,
+                "kind": "layers",
+                "layers": [0, 1, 2],
+                "mix": None,
+                "dim": 1024,
+                "dtype": "float16",
+                "n_sentences": len(lengths),
+                "n_tokens": rows,
+                "n_rows": rows,
+                "n_unique": 0,
+                "dedupe": False,
+                "compression": None,
+                "chunk_rows": chunk_rows,
+            }
+            for name, values in (
+                ("offsets", offsets),
+                ("lengths", lengths),
+                ("index/hashes", np.zeros(0, np.uint64)),
+                ("index/rows", np.zeros(0, np.int64)),
+            ):
                 group.create_array(name, data=values, chunks=(max(1, min(len(values), 65536)),), compressors=None)
             group.attrs["elmo_cache"] = meta
             reader = zarr.open_array(str(root), path="vectors", mode="r")
@@ -163,9 +205,12 @@ def chunks(args) -> None:
                     np.asarray(cache[int(i)])
                 through_reader = (time.perf_counter() - start) / len(picks)
             files = -(-rows // chunk_rows)
-            print(f"  chunk_rows {chunk_rows:5d} ({chunk_rows * 6144 / 2**20:5.2f} MiB/chunk): zarr {through_zarr * 1e3:6.2f} ms, "
-                  f"elmo_cache.open {through_reader * 1e3:6.3f} ms per random sentence; "
-                  f"{files * 1_000_000 // rows:,} chunk files per 1M tokens")
+            print(
+                f"  chunk_rows {chunk_rows:5d} ({chunk_rows * 6144 / 2**20:5.2f} MiB/chunk): "
+                f"zarr {through_zarr * 1e3:6.2f} ms, "
+                f"elmo_cache.open {through_reader * 1e3:6.3f} ms per random sentence; "
+                f"{files * 1_000_000 // rows:,} chunk files per 1M tokens"
+            )
             shutil.rmtree(root)
 
 
@@ -185,13 +230,20 @@ def compression(args) -> None:
             for name in ("none", "zstd", "blosc-lz4", "blosc-zstd"):
                 output = workdir / f"{name}.zarr"
                 start = time.perf_counter()
-                summary = build(corpus, BuildOptions(output=output, compression=name, fp16=fp16, layers=layers,
-                                                     progress=False, chunk_rows=args.chunk), encoder=encoder)
+                summary = build(
+                    corpus,
+                    BuildOptions(
+                        output=output, compression=name, fp16=fp16, layers=layers, progress=False, chunk_rows=args.chunk
+                    ),
+                    encoder=encoder,
+                )
                 stored = sum(p.stat().st_size for p in (output / "vectors").rglob("*") if p.is_file())
                 logical = summary.n_rows * len(layers.split(",")) * encoder.output_dim * (2 if fp16 else 4)
-                print(f"  layers {layers} {'fp16' if fp16 else 'fp32'} {name:10s}: {logical / 2**20:7.2f} MiB of vectors "
-                      f"stored in {stored / 2**20:7.2f} MiB, ratio {logical / stored:.3f}x, build "
-                      f"{time.perf_counter() - start:.1f} s")
+                print(
+                    f"  layers {layers} {'fp16' if fp16 else 'fp32'} {name:10s}: {logical / 2**20:7.2f} MiB of vectors "
+                    f"stored in {stored / 2**20:7.2f} MiB, ratio {logical / stored:.3f}x, build "
+                    f"{time.perf_counter() - start:.1f} s"
+                )
                 shutil.rmtree(output)
 
 
@@ -200,14 +252,21 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("throughput", "compression"):
         p = sub.add_parser(name)
-        p.add_argument("--size", default="tiny", help="random model of this preset shape: tiny, small, medium, original")
+        p.add_argument(
+            "--size", default="tiny", help="random model of this preset shape: tiny, small, medium, original"
+        )
         p.add_argument("--options-file")
         p.add_argument("--weight-file")
         p.add_argument("--device", default=None)
         p.add_argument("--precision", default="fp32")
         p.add_argument("--sentences", type=int, default=2000)
-        p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's). On a "
-                       "small shared machine, 1 gives stable figures: contending threads make them swing 20x")
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="torch intra-op threads (default: torch's). On a "
+            "small shared machine, 1 gives stable figures: contending threads make them swing 20x",
+        )
     tp = sub.choices["throughput"]
     tp.add_argument("--corpus", help="use this corpus instead of a synthetic one")
     tp.add_argument("--batch-tokens", type=int, default=None)

@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _corpus import corpus_stats, make_corpus, take_tokens  # noqa: E402
-from _machine import DTYPES, MatmulPeak, describe_machine, measure_matmul_peak, synchronize  # noqa: E402
-from _reference import ReferenceElmo  # noqa: E402
+from _corpus import corpus_stats, make_corpus, take_tokens
+from _machine import DTYPES, MatmulPeak, describe_machine, measure_matmul_peak, synchronize
+from _reference import ReferenceElmo
 
-from elmo_cache.model.random_model import PRESETS, write_random_model  # noqa: E402
-from elmo_cache.model.options import ModelOptions  # noqa: E402
+from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.random_model import write_random_model
 
 SIZES = ("original", "medium", "small")
 # Timed corpus per size on a CPU: a few minutes for the whole run at the expected speeds.
@@ -239,8 +239,10 @@ def run(args: argparse.Namespace) -> dict:
     options_path, weights_path = cached_model(args.size, args.seed)
     options = ModelOptions.from_file(options_path)
     flops = flops_per_token(options)
-    print(f"== model: random {args.size} ({options.n_layers}x{options.lstm_dim}_{options.projection_dim}, "
-          f"{options.n_filters} cnn filters, {options.n_highway} highway)")
+    print(
+        f"== model: random {args.size} ({options.n_layers}x{options.lstm_dim}_{options.projection_dim}, "
+        f"{options.n_filters} cnn filters, {options.n_highway} highway)"
+    )
     parts = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in flops.items() if k != "total")
     print(f"  {flops['total'] / 1e6:.1f} MFLOP per token ({parts})")
 
@@ -250,11 +252,11 @@ def run(args: argparse.Namespace) -> dict:
     # long streaming build, later passes profit from the words earlier text brought in.
     corpus = make_corpus(_WARMUP_TOKENS + args.repeats * n_tokens, seed=args.seed)
     warmup = take_tokens(corpus, _WARMUP_TOKENS)
-    rest = corpus[len(warmup):]
+    rest = corpus[len(warmup) :]
     passes = []
     for _ in range(args.repeats):
         passes.append(take_tokens(rest, n_tokens))
-        rest = rest[len(passes[-1]):]
+        rest = rest[len(passes[-1]) :]
     passes = [p for p in passes if p]
     stats = corpus_stats(passes[0])
     print(f"== corpus (seed {args.seed}), each of {len(passes)} timed passes about: {stats.line()}")
@@ -295,13 +297,12 @@ def run(args: argparse.Namespace) -> dict:
             # Peak measured right before and right after the timed pass; the best of the two
             # counts, so a burst of load from other jobs cannot flatter the utilisation.
             before = measure_matmul_peak(precision, device, shapes)
-            timings = [
-                (lambda text=text: time_encoder(enc, text, args.batch_tokens, device)) for text in passes
-            ]
+            timings = [(lambda text=text: time_encoder(enc, text, args.batch_tokens, device)) for text in passes]  # noqa: B023, F821 - run at once
             watch, n, _ = best_of(timings)
             after = measure_matmul_peak(precision, device, shapes)
-            peak = MatmulPeak(precision, str(device), {
-                s: max(before.by_shape[s], after.by_shape[s]) for s in before.by_shape})
+            peak = MatmulPeak(
+                precision, str(device), {s: max(before.by_shape[s], after.by_shape[s]) for s in before.by_shape}
+            )
             tps = n / watch.seconds
             achieved = tps * flops["total"] / 1e9
             by_shape = ", ".join(f"{s} {g:.0f}" for s, g in peak.by_shape.items())
@@ -318,18 +319,23 @@ def run(args: argparse.Namespace) -> dict:
                 "utilisation_lstm_only": tps * flops["lstm"] / 1e9 / peak.peak_gflops,
             }
             print(f"  {tps:10.0f} tokens/s  ({n} tokens in {watch.seconds:.1f} s, cpu share {watch.cpu_share:.2f})")
-            print(f"  {achieved:10.1f} GFLOP/s achieved; matmul peak {peak.peak_gflops:.1f} GFLOP/s "
-                  f"(best of before {before.peak_gflops:.0f} / after {after.peak_gflops:.0f}; by shape "
-                  f"{by_shape})")
+            print(
+                f"  {achieved:10.1f} GFLOP/s achieved; matmul peak {peak.peak_gflops:.1f} GFLOP/s "
+                f"(best of before {before.peak_gflops:.0f} / after {after.peak_gflops:.0f}; by shape "
+                f"{by_shape})"
+            )
             # A per-word cache skips the char-CNN/highway FLOPs of repeated words while the count
             # above still charges them per token; the LSTM-only share is then the lower bound.
-            print(f"  utilisation {100 * entry['utilisation']:.1f}% of the {precision} matmul peak "
-                  f"(LSTM FLOPs only: {100 * entry['utilisation_lstm_only']:.1f}%)")
+            print(
+                f"  utilisation {100 * entry['utilisation']:.1f}% of the {precision} matmul peak "
+                f"(LSTM FLOPs only: {100 * entry['utilisation_lstm_only']:.1f}%)"
+            )
         # The slice the reference runs on: the encoder's speed there and its outputs for errors.
         # Twice, best counts: the slice's batch shapes are new, and a compiled encoder may
         # compile for them on first sight. The text itself was seen in the first timed pass.
         watch, n, outputs = best_of(
-            [lambda: time_encoder(enc, ref_sentences, args.batch_tokens, device, keep=True)] * 2)
+            [lambda: time_encoder(enc, ref_sentences, args.batch_tokens, device, keep=True)] * 2  # noqa: B023, F821
+        )
         entry["slice_tokens_per_s"] = n / watch.seconds
         outputs_on_slice[precision] = outputs
         if timed_run and args.profile:
@@ -338,7 +344,7 @@ def run(args: argparse.Namespace) -> dict:
         if timed_run and args.reference:
             ref = ReferenceElmo(options_path, weights_path, precision=precision, device=device)
             ref.embed_batch(ref_sentences[:4])  # warm-up
-            r_watch, r_n, r_out = best_of([lambda: time_reference(ref, ref_sentences)] * args.repeats)
+            r_watch, r_n, r_out = best_of([lambda: time_reference(ref, ref_sentences)] * args.repeats)  # noqa: B023
             ref_outputs[precision] = r_out
             r_tps = r_n / r_watch.seconds
             entry["reference"] = {
@@ -353,13 +359,19 @@ def run(args: argparse.Namespace) -> dict:
             }
             del ref
             err = entry["reference"]["encoder_vs_reference"]
-            print(f"  reference: {r_tps:8.1f} tokens/s ({r_n} tokens, {len(ref_sentences)} sentences in "
-                  f"batches of 64, {r_watch.seconds:.1f} s, cpu share {r_watch.cpu_share:.2f})")
-            print(f"  speed-up {entry['tokens_per_s'] / r_tps:.1f}x "
-                  f"(encoder on the same slice, seen before: {entry['slice_tokens_per_s']:.0f} tokens/s, "
-                  f"{entry['slice_tokens_per_s'] / r_tps:.1f}x)")
-            print(f"  encoder vs reference ({precision}): max abs {err['max_abs']:.2e}, "
-                  f"mean cosine {err['mean_cosine']:.7f} (min {err['min_cosine']:.7f})")
+            print(
+                f"  reference: {r_tps:8.1f} tokens/s ({r_n} tokens, {len(ref_sentences)} sentences in "
+                f"batches of 64, {r_watch.seconds:.1f} s, cpu share {r_watch.cpu_share:.2f})"
+            )
+            print(
+                f"  speed-up {entry['tokens_per_s'] / r_tps:.1f}x "
+                f"(encoder on the same slice, seen before: {entry['slice_tokens_per_s']:.0f} tokens/s, "
+                f"{entry['slice_tokens_per_s'] / r_tps:.1f}x)"
+            )
+            print(
+                f"  encoder vs reference ({precision}): max abs {err['max_abs']:.2e}, "
+                f"mean cosine {err['mean_cosine']:.7f} (min {err['min_cosine']:.7f})"
+            )
         if timed_run:
             results["precisions"][precision] = entry
 
@@ -371,15 +383,19 @@ def run(args: argparse.Namespace) -> dict:
             continue
         err = compare(outputs_on_slice[precision], outputs_on_slice["fp32"])
         results["precisions"][precision]["error_vs_fp32"] = err
-        line = (f"  {precision} encoder vs fp32 encoder: max abs {err['max_abs']:.3e} "
-                f"(layers {', '.join(f'{x:.2e}' for x in err['max_abs_by_layer'])}), "
-                f"mean cosine {err['mean_cosine']:.6f} (min {err['min_cosine']:.6f})")
+        line = (
+            f"  {precision} encoder vs fp32 encoder: max abs {err['max_abs']:.3e} "
+            f"(layers {', '.join(f'{x:.2e}' for x in err['max_abs_by_layer'])}), "
+            f"mean cosine {err['mean_cosine']:.6f} (min {err['min_cosine']:.6f})"
+        )
         print(line)
         if precision in ref_outputs and "fp32" in ref_outputs:
             rerr = compare(ref_outputs[precision], ref_outputs["fp32"])
             results["precisions"][precision]["reference_error_vs_fp32"] = rerr
-            print(f"  {precision} reference vs fp32 reference: max abs {rerr['max_abs']:.3e}, "
-                  f"mean cosine {rerr['mean_cosine']:.6f} (min {rerr['min_cosine']:.6f})")
+            print(
+                f"  {precision} reference vs fp32 reference: max abs {rerr['max_abs']:.3e}, "
+                f"mean cosine {rerr['mean_cosine']:.6f} (min {rerr['min_cosine']:.6f})"
+            )
     return results
 
 
@@ -394,27 +410,52 @@ def _precisions(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=SIZES, default="original", help="model dimensions (default original)")
-    parser.add_argument("--precision", type=_precisions, default=["fp32", "bf16"],
-                        help="comma-separated list from fp32,bf16,fp16 (default fp32,bf16)")
+    parser.add_argument(
+        "--precision",
+        type=_precisions,
+        default=["fp32", "bf16"],
+        help="comma-separated list from fp32,bf16,fp16 (default fp32,bf16)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    parser.add_argument("--tokens", type=int, default=None,
-                        help="real tokens per timed pass (default: per size, a few minutes in all on a CPU)")
-    parser.add_argument("--batch-tokens", type=int, default=None,
-                        help="passed to Encoder.embed_sentences (default: the encoder's own)")
-    parser.add_argument("--word-cache-size", type=int, default=None,
-                        help="passed to Encoder.from_files (0: no per-word char-CNN cache; default: the encoder's)")
-    parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time the reference path (default on)")
-    parser.add_argument("--reference-tokens", type=int, default=3000,
-                        help="tokens of the slice the reference and the error checks run on, "
-                             "rounded to whole batches of 64 sentences (default 3000: two batches)")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="timed passes of the encoder (each on new text) and of the reference; "
-                             "the best counts (default 2)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="real tokens per timed pass (default: per size, a few minutes in all on a CPU)",
+    )
+    parser.add_argument(
+        "--batch-tokens", type=int, default=None, help="passed to Encoder.embed_sentences (default: the encoder's own)"
+    )
+    parser.add_argument(
+        "--word-cache-size",
+        type=int,
+        default=None,
+        help="passed to Encoder.from_files (0: no per-word char-CNN cache; default: the encoder's)",
+    )
+    parser.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the reference path (default on)",
+    )
+    parser.add_argument(
+        "--reference-tokens",
+        type=int,
+        default=3000,
+        help="tokens of the slice the reference and the error checks run on, "
+        "rounded to whole batches of 64 sentences (default 3000: two batches)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed passes of the encoder (each on new text) and of the reference; the best counts (default 2)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model and the corpus")
-    parser.add_argument("--profile", action="store_true",
-                        help="print a torch.profiler table of the encoder on the reference slice")
+    parser.add_argument(
+        "--profile", action="store_true", help="print a torch.profiler table of the encoder on the reference slice"
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON ('-': stdout)")
     args = parser.parse_args(argv)
     for name in ("tokens", "repeats", "reference_tokens", "threads", "batch_tokens"):

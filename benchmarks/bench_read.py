@@ -42,16 +42,16 @@ from elmo_cache.text.tokenize import sentence_hash
 def machine() -> str:
     cpu = "unknown CPU"
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal")) / 2**20
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+        with open("/proc/meminfo") as f:
+            mem = next(int(line.split()[1]) for line in f if line.startswith("MemTotal")) / 2**20
     except OSError:
         mem = float("nan")
     return (
         f"{cpu}, {os.cpu_count()} cores, {mem:.1f} GiB RAM, {platform.system()} {platform.release()}\n"
-        f"python {platform.python_version()}, numpy {np.__version__}, zarr {zarr.__version__}, h5py {h5py.__version__}, "
+        f"python {platform.python_version()}, numpy {np.__version__}, zarr {zarr.__version__}, "
+        f"h5py {h5py.__version__}, "
         f"elmo_cache {elmo_cache.__version__}"
     )
 
@@ -69,12 +69,21 @@ def synthetic_lines(n_sentences: int, mean_tokens: int, seed: int):
 
 def metadata(kind: str, dim: int, fmt: str, compression, chunk_rows) -> dict:
     return {
-        "format": "elmo-cache", "format_version": 1, "complete": False, "kind": kind,
+        "format": "elmo-cache",
+        "format_version": 1,
+        "complete": False,
+        "kind": kind,
         "layers": [0, 1, 2] if kind == "layers" else None,
         "mix": None if kind == "layers" else {"weights": [1 / 3] * 3, "gamma": 1.0, "raw": None, "softmax": False},
-        "dim": dim, "dtype": "float16", "dedupe": False, "compression": compression,
-        "chunk_rows": chunk_rows if fmt == "zarr" else None, "model": {"name": "synthetic"},
-        "tokenization": "whitespace", "sentence_hash": "blake2b-64-le", "elmo_cache_version": elmo_cache.__version__,
+        "dim": dim,
+        "dtype": "float16",
+        "dedupe": False,
+        "compression": compression,
+        "chunk_rows": chunk_rows if fmt == "zarr" else None,
+        "model": {"name": "synthetic"},
+        "tokenization": "whitespace",
+        "sentence_hash": "blake2b-64-le",
+        "elmo_cache_version": elmo_cache.__version__,
         "build": {"synthetic": True},
     }
 
@@ -191,7 +200,10 @@ def bench_one(label: str, path: Path, raw_path: Path, n: int, reads: int, cold_r
     order = rng.integers(0, n, reads).tolist()
     cold_order = rng.integers(0, n, cold_reads).tolist()
     results = {}
-    for name, factory in (("elmo_cache.open", lambda: elmo_cache.open(path)), ("raw numpy.memmap", lambda: RawMemmap(raw_path))):
+    for name, factory in (
+        ("elmo_cache.open", lambda: elmo_cache.open(path)),
+        ("raw numpy.memmap", lambda: RawMemmap(raw_path)),
+    ):
         source = path if name == "elmo_cache.open" else raw_path
         reader = factory()
         sequential(reader, n)  # warm the page cache
@@ -247,8 +259,10 @@ def bench_open_huge(directory: Path, n: int) -> None:
         cache[n - 1]
         lookup = time.perf_counter() - t1
         rss = rss_mib() - rss0
-        print(f"  {path.name:10s} {len(cache):,} sentences: open {opened * 1000:.1f} ms, find + cache[-1] "
-              f"{lookup * 1000:.2f} ms (found={found}), RSS growth {rss:.1f} MiB")
+        print(
+            f"  {path.name:10s} {len(cache):,} sentences: open {opened * 1000:.1f} ms, find + cache[-1] "
+            f"{lookup * 1000:.2f} ms (found={found}), RSS growth {rss:.1f} MiB"
+        )
         cache.close()
 
 
@@ -257,7 +271,9 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=6000)
     parser.add_argument("--mean-tokens", type=int, default=25)
     parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="zarr rows per vectors chunk (default: build's)")
+    parser.add_argument(
+        "--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="zarr rows per vectors chunk (default: build's)"
+    )
     parser.add_argument("--reads", type=int, default=3000, help="warm random reads per reader")
     parser.add_argument("--cold-reads", type=int, default=100, help="cold reads (each evicts the whole cache first)")
     parser.add_argument("--huge", type=int, default=100_000_000, help="sentences of the sparse cache opened (0: skip)")
@@ -269,16 +285,28 @@ def main() -> None:
     try:
         lengths, hashes = synthetic_lines(args.sentences, args.mean_tokens, seed=0)
         n_rows = int(lengths.sum())
-        print(f"{args.sentences} sentences, {n_rows} tokens, dim {args.dim}, zarr chunk {args.chunk_rows} rows; "
-              f"{args.reads} warm / {args.cold_reads} cold random reads (materialised = copied out of the mapping)")
+        print(
+            f"{args.sentences} sentences, {n_rows} tokens, dim {args.dim}, zarr chunk {args.chunk_rows} rows; "
+            f"{args.reads} warm / {args.cold_reads} cold random reads (materialised = copied out of the mapping)"
+        )
         for kind, row_shape in (("layers", (3, args.dim)), ("mix", (args.dim,))):
             size = n_rows * int(np.prod(row_shape)) * 2 / 2**20
             print(f"\n{kind} fp16, vectors {size:.0f} MiB")
-            h5 = write_cache(directory / f"{kind}.h5", "hdf5", kind, args.dim, lengths, hashes, chunk_rows=None, compression=None)
+            h5 = write_cache(
+                directory / f"{kind}.h5", "hdf5", kind, args.dim, lengths, hashes, chunk_rows=None, compression=None
+            )
             bench_one(f"{kind} fp16 hdf5", h5, h5, args.sentences, args.reads, args.cold_reads, seed=1)
             for compression in (None, "zstd"):
-                zpath = write_cache(directory / f"{kind}-{compression}.zarr", "zarr", kind, args.dim, lengths, hashes,
-                                    chunk_rows=args.chunk_rows, compression=compression)
+                zpath = write_cache(
+                    directory / f"{kind}-{compression}.zarr",
+                    "zarr",
+                    kind,
+                    args.dim,
+                    lengths,
+                    hashes,
+                    chunk_rows=args.chunk_rows,
+                    compression=compression,
+                )
                 stored = sum(f.stat().st_size for f in cache_files(zpath / "vectors")) / 2**20
                 label = f"{kind} fp16 zarr {compression or 'raw'}"
                 print(f"  {label}: vectors on disk {stored:.0f} MiB ({stored / size:.3f} of raw)")
@@ -286,7 +314,10 @@ def main() -> None:
                 shutil.rmtree(zpath)
             h5.unlink()
         if args.huge:
-            print(f"\nopening a sparse {args.huge:,}-sentence cache (offsets, lengths, index: {args.huge * 28 / 2**30:.1f} GiB)")
+            print(
+                f"\nopening a sparse {args.huge:,}-sentence cache "
+                f"(offsets, lengths, index: {args.huge * 28 / 2**30:.1f} GiB)"
+            )
             bench_open_huge(directory, args.huge)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -169,7 +169,6 @@ def main() -> None:
         return
 
     import torch
-
     from _corpus import make_corpus
     from _machine import describe_machine
 
@@ -198,10 +197,15 @@ def main() -> None:
         offline = n_tok / (time.perf_counter() - started)
         print(f"offline  Encoder.embed_sentences, {args.size} model, {n_tok} tokens: {offline:,.0f} tokens/s")
 
-        summary = build(corpus, BuildOptions(output=work / "cache.zarr", fp16=args.fp16, device=args.device,
-                                             progress=False), encoder=encoder)
-        print(f"cache    {summary.n_sentences} sentences, {summary.n_tokens} tokens, built at "
-              f"{summary.tokens_per_s:,.0f} tokens/s")
+        summary = build(
+            corpus,
+            BuildOptions(output=work / "cache.zarr", fp16=args.fp16, device=args.device, progress=False),
+            encoder=encoder,
+        )
+        print(
+            f"cache    {summary.n_sentences} sentences, {summary.n_tokens} tokens, built at "
+            f"{summary.tokens_per_s:,.0f} tokens/s"
+        )
         del encoder
 
         hits_file = work / "hits.json"
@@ -212,10 +216,28 @@ def main() -> None:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
-            [*_serve_command(), "serve", str(work / "cache.zarr"), "--options-file", str(options_file),
-             "--weight-file", str(weight_file), "--device", args.device, "--port", str(port),
-             "--max-wait-ms", str(args.max_wait_ms), "--batch-tokens", str(args.batch_tokens),
-             "--queue-size", str(4 * args.concurrency), "--no-access-log", "--log-level", "warning"],
+            [
+                *_serve_command(),
+                "serve",
+                str(work / "cache.zarr"),
+                "--options-file",
+                str(options_file),
+                "--weight-file",
+                str(weight_file),
+                "--device",
+                args.device,
+                "--port",
+                str(port),
+                "--max-wait-ms",
+                str(args.max_wait_ms),
+                "--batch-tokens",
+                str(args.batch_tokens),
+                "--queue-size",
+                str(4 * args.concurrency),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
             stdout=subprocess.DEVNULL,
         )
         results = []
@@ -228,10 +250,25 @@ def main() -> None:
                     n = max(1, n // 16)
                 cpu_before = _cpu_seconds(server.pid)
                 out = subprocess.run(
-                    [sys.executable, __file__, "--client", "--url", url, "--scenario", scenario,
-                     "--sentences-file", str(live_file if live else hits_file), "--requests", str(n),
-                     "--concurrency", str(args.concurrency)],
-                    check=True, capture_output=True, text=True, timeout=1800,
+                    [
+                        sys.executable,
+                        __file__,
+                        "--client",
+                        "--url",
+                        url,
+                        "--scenario",
+                        scenario,
+                        "--sentences-file",
+                        str(live_file if live else hits_file),
+                        "--requests",
+                        str(n),
+                        "--concurrency",
+                        str(args.concurrency),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=1800,
                 )
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 # Includes the warm-up and /metrics requests: a slight over-estimate.
@@ -246,8 +283,10 @@ def main() -> None:
             live_results = [r for r in results if r["scenario"].startswith("live")]
             if live_results and live_results[-1]["live_batches_so_far"]:
                 r = live_results[-1]
-                print(f"live batching: {r['live_sentences_so_far']:.0f} sentences in {r['live_batches_so_far']:.0f} "
-                      f"encoder calls ({r['live_sentences_so_far'] / r['live_batches_so_far']:.1f} per call)")
+                print(
+                    f"live batching: {r['live_sentences_so_far']:.0f} sentences in {r['live_batches_so_far']:.0f} "
+                    f"encoder calls ({r['live_sentences_so_far'] / r['live_batches_so_far']:.1f} per call)"
+                )
         finally:
             server.send_signal(signal.SIGINT)
             try:
@@ -255,13 +294,20 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait(timeout=10)
-        print(f"settings concurrency {args.concurrency}, max_wait_ms {args.max_wait_ms}, batch_tokens "
-              f"{args.batch_tokens}, cache dtype {'float16' if args.fp16 else 'float32'}, dim "
-              f"{2 * elmo_cache.ModelOptions.from_file(options_file).projection_dim}, torch threads "
-              f"{torch.get_num_threads()}")
+        print(
+            f"settings concurrency {args.concurrency}, max_wait_ms {args.max_wait_ms}, batch_tokens "
+            f"{args.batch_tokens}, cache dtype {'float16' if args.fp16 else 'float32'}, dim "
+            f"{2 * elmo_cache.ModelOptions.from_file(options_file).projection_dim}, torch threads "
+            f"{torch.get_num_threads()}"
+        )
         if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine.__dict__, "offline_tokens_per_s": offline,
-                                                   "results": results}, indent=2, default=str))
+            Path(args.json).write_text(
+                json.dumps(
+                    {"machine": machine.__dict__, "offline_tokens_per_s": offline, "results": results},
+                    indent=2,
+                    default=str,
+                )
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -20,12 +20,22 @@ SELECTION_FLAGS = {"layers": "--layers", "mix": "--mix", "gamma": "--gamma", "so
 def model_options(function: F) -> F:
     """``--model``, ``--options-file``, ``--weight-file`` and ``--device``."""
     names = ", ".join([BUNDLED, *PUBLISHED_MODELS])
-    for option in reversed([
-        click.option("--model", default=None, help=f"Model name ({names}) or a directory with options JSON + "
-                     f"weights HDF5. Default: {BUNDLED} (shipped with elmo-cache, no download)."),
-        click.option("--options-file", type=click.Path(dir_okay=False), default=None, help="options.json of the model."),
-        click.option("--weight-file", type=click.Path(dir_okay=False), default=None, help="Weights HDF5 of the model."),
-        click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--model",
+                default=None,
+                help=f"Model name ({names}) or a directory with options JSON + "
+                f"weights HDF5. Default: {BUNDLED} (shipped with elmo-cache, no download).",
+            ),
+            click.option(
+                "--options-file", type=click.Path(dir_okay=False), default=None, help="options.json of the model."
+            ),
+            click.option(
+                "--weight-file", type=click.Path(dir_okay=False), default=None, help="Weights HDF5 of the model."
+            ),
+            click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available."),
+        ]
+    ):
         function = option(function)
     return function

@@ -25,30 +25,76 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
 
 @click.command("build", epilog=_BUILD_EPILOG)
 @click.argument("corpus")
-@click.option("-o", "--output", default=None, help="Cache path. Default: beside the corpus (corpus.txt -> corpus.zarr).")
-@click.option("--format", "format_", default=None, help="zarr (a directory, default) or hdf5 (one file). "
-              "Default: from the output suffix (.zarr, .h5, .hdf5).")
+@click.option(
+    "-o", "--output", default=None, help="Cache path. Default: beside the corpus (corpus.txt -> corpus.zarr)."
+)
+@click.option(
+    "--format",
+    "format_",
+    default=None,
+    help="zarr (a directory, default) or hdf5 (one file). Default: from the output suffix (.zarr, .h5, .hdf5).",
+)
 @click.option("--layers", default=None, help="Layers to store, a subset of 0,1,2 like '1,2'. Default: all three.")
 @click.option("--mix", default=None, help="Store one mixed vector per token: weights s0,s1,s2 of gamma * sum s_j h_j.")
 @click.option("--gamma", type=float, default=None, help="Scale of --mix (default 1).")
 @click.option("--mix-softmax", is_flag=True, help="--mix holds raw scalar-mix parameters: apply the softmax to them.")
 @click.option("--fp16", is_flag=True, help="Store float16 (mixing happens in float32 first). Default float32.")
-@click.option("--compression", default=None, help="zarr only: none (default), zstd, blosc-lz4 or blosc-zstd. "
-              "Float vectors compress ~10%.")
-@click.option("--chunk-rows", type=int, default=None, help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers).")
+@click.option(
+    "--compression",
+    default=None,
+    help="zarr only: none (default), zstd, blosc-lz4 or blosc-zstd. Float vectors compress ~10%.",
+)
+@click.option(
+    "--chunk-rows",
+    type=int,
+    default=None,
+    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers).",
+)
 @click.option("--dedupe", is_flag=True, help="Encode and store repeated sentences once.")
 @model_options
 @click.option("--precision", default="fp32", show_default=True, help="Encoder arithmetic: fp32, bf16 or fp16.")
 @click.option("--initial-state", default="zero", show_default=True, help="LSTM initial state: zero or warm.")
-@click.option("--batch-tokens", type=int, default=None, help="Tokens per encoder batch. Default 8192 on CPU, 32768 on CUDA.")
-@click.option("--window-batches", type=int, default=8, show_default=True, help="Sort by length within this many batches.")
-@click.option("--errors", default="strict", show_default=True, help="Invalid UTF-8: strict (stop, naming the line) or replace.")
-@click.option("--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over.")
+@click.option(
+    "--batch-tokens", type=int, default=None, help="Tokens per encoder batch. Default 8192 on CPU, 32768 on CUDA."
+)
+@click.option(
+    "--window-batches", type=int, default=8, show_default=True, help="Sort by length within this many batches."
+)
+@click.option(
+    "--errors", default="strict", show_default=True, help="Invalid UTF-8: strict (stop, naming the line) or replace."
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over."
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--commit-seconds", type=float, default=10.0, hidden=True, help="Seconds between commits (0: every window).")
-def build_command(corpus, output, format_, layers, mix, gamma, mix_softmax, fp16, compression, chunk_rows, dedupe, model,
-                  options_file, weight_file, device, precision, initial_state, batch_tokens, window_batches, errors,
-                  overwrite, no_progress, commit_seconds):
+@click.option(
+    "--commit-seconds", type=float, default=10.0, hidden=True, help="Seconds between commits (0: every window)."
+)
+def build_command(
+    corpus,
+    output,
+    format_,
+    layers,
+    mix,
+    gamma,
+    mix_softmax,
+    fp16,
+    compression,
+    chunk_rows,
+    dedupe,
+    model,
+    options_file,
+    weight_file,
+    device,
+    precision,
+    initial_state,
+    batch_tokens,
+    window_batches,
+    errors,
+    overwrite,
+    no_progress,
+    commit_seconds,
+):
     """Encode every line of CORPUS once and write the vectors to a cache."""
     from elmo_cache.builder import BuildOptions, build, resolve_output
     from elmo_cache.selection import Selection
@@ -56,10 +102,26 @@ def build_command(corpus, output, format_, layers, mix, gamma, mix_softmax, fp16
 
     selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS) or Selection()
     options = BuildOptions(
-        output=output, format=format_, layers=selection.layers, mix=selection.mix, fp16=fp16, compression=compression, chunk_rows=chunk_rows,
-        dedupe=dedupe, model=model, options_file=options_file, weight_file=weight_file, device=device, precision=precision,
-        initial_state=initial_state, batch_tokens=batch_tokens, window_batches=window_batches, errors=errors,
-        overwrite=overwrite, progress=not no_progress, commit_seconds=commit_seconds,
+        output=output,
+        format=format_,
+        layers=selection.layers,
+        mix=selection.mix,
+        fp16=fp16,
+        compression=compression,
+        chunk_rows=chunk_rows,
+        dedupe=dedupe,
+        model=model,
+        options_file=options_file,
+        weight_file=weight_file,
+        device=device,
+        precision=precision,
+        initial_state=initial_state,
+        batch_tokens=batch_tokens,
+        window_batches=window_batches,
+        errors=errors,
+        overwrite=overwrite,
+        progress=not no_progress,
+        commit_seconds=commit_seconds,
     )
     source = Corpus(corpus, errors=errors)
     click.echo(f"building {resolve_output(source, options)}", err=True)  # said before the model loads
@@ -69,5 +131,3 @@ def build_command(corpus, output, format_, layers, mix, gamma, mix_softmax, fp16
         click.echo("interrupted; run the same command again to resume", err=True)
         sys.exit(130)
     click.echo(str(summary))
-
-

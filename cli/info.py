@@ -21,9 +21,15 @@ def _describe(path: Path) -> dict[str, Any]:
         return meta
     progress = load_progress(path)
     if progress is not None:
-        return {"complete": False, "interrupted_build": str(staging_path(path)), "committed_sentences": progress.lines,
-                "committed_tokens": progress.tokens, "committed_rows": progress.rows, "finished_reading": progress.done,
-                **{k: v for k, v in progress.identity.items()}}
+        return {
+            "complete": False,
+            "interrupted_build": str(staging_path(path)),
+            "committed_sentences": progress.lines,
+            "committed_tokens": progress.tokens,
+            "committed_rows": progress.rows,
+            "finished_reading": progress.done,
+            **{k: v for k, v in progress.identity.items()},
+        }
     if not path.exists():
         raise CacheNotFoundError(f"cache not found: {path}")
     raise CacheFormatError(f"{path}: no elmo-cache metadata; not an elmo-cache store")
@@ -42,12 +48,16 @@ def info_command(cache, as_json):
     what = f"layers {meta.get('layers')}" if meta.get("kind") == "layers" else f"mix {meta.get('mix')}"
     lines = [f"path:         {cache}"]
     if "interrupted_build" in meta:
-        lines.append(f"state:        interrupted build in {meta['interrupted_build']} ({meta['committed_sentences']:,} "
-                     "sentences committed); run the same build command to resume")
+        lines.append(
+            f"state:        interrupted build in {meta['interrupted_build']} ({meta['committed_sentences']:,} "
+            "sentences committed); run the same build command to resume"
+        )
     else:
         lines.append(f"complete:     {meta.get('complete')}")
-        lines.append(f"counts:       {meta.get('n_sentences', 0):,} sentences, {meta.get('n_tokens', 0):,} tokens, "
-                     f"{meta.get('n_rows', 0):,} rows, {meta.get('n_unique', 0):,} distinct")
+        lines.append(
+            f"counts:       {meta.get('n_sentences', 0):,} sentences, {meta.get('n_tokens', 0):,} tokens, "
+            f"{meta.get('n_rows', 0):,} rows, {meta.get('n_unique', 0):,} distinct"
+        )
     lines += [
         f"stores:       {what}, dim {meta.get('dim')}, {meta.get('dtype')}, dedupe {meta.get('dedupe')}",
         f"storage:      compression {meta.get('compression')}, chunk_rows {meta.get('chunk_rows')}",
@@ -56,10 +66,12 @@ def info_command(cache, as_json):
     ]
     build = meta.get("build") or {}
     if build.get("seconds") is not None:
-        lines.append(f"build:        {build.get('seconds')} s, {build.get('tokens_per_s')} tokens/s, "
-                     f"from {(build.get('input') or {}).get('path')}, finished {build.get('finished')}")
+        lines.append(
+            f"build:        {build.get('seconds')} s, {build.get('tokens_per_s')} tokens/s, "
+            f"from {(build.get('input') or {}).get('path')}, finished {build.get('finished')}"
+        )
     if meta.get("elmo_cache_version"):
-        lines.append(f"written by:   elmo-cache {meta.get('elmo_cache_version')}, format version {meta.get('format_version')}")
+        lines.append(
+            f"written by:   elmo-cache {meta.get('elmo_cache_version')}, format version {meta.get('format_version')}"
+        )
     click.echo("\n".join(lines))
-
-

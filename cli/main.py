@@ -16,7 +16,7 @@ from elmo_cache.errors import ElmoCacheError
 
 
 class _Group(click.Group):
-    def invoke(self, ctx: click.Context):  # noqa: D401 - click API
+    def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except ElmoCacheError as exc:

@@ -11,9 +11,12 @@ __all__ = ["serve_command"]
 
 @click.command("serve")
 @click.argument("cache", required=False, type=click.Path(path_type=Path))
-@click.option("--model", help="Model for live encodings: a name (bundled, original, ...) or a directory. "
-              "[default: the model that built CACHE when it is available locally, else none (cache only)] "
-              "[env: ELMO_CACHE_MODEL]")
+@click.option(
+    "--model",
+    help="Model for live encodings: a name (bundled, original, ...) or a directory. "
+    "[default: the model that built CACHE when it is available locally, else none (cache only)] "
+    "[env: ELMO_CACHE_MODEL]",
+)
 @click.option("--options-file", type=click.Path(path_type=Path), help="options.json of the model (with --weight-file).")
 @click.option("--weight-file", type=click.Path(path_type=Path), help="Weight file of the model (with --options-file).")
 @click.option("--device", help="Torch device of the encoder (cpu, cuda, cuda:1); default: CUDA when available.")
@@ -49,10 +52,14 @@ def serve_command(cache: Path | None, **flags) -> None:
     settings = load_settings(cache_path=cache, **flags)
     encoder, store = load_resources(settings)
     app = create_app(settings, encoder=encoder, cache=store)
-    what = " and ".join(part for part in (
-        f"cache {settings.cache_path}" if store is not None else "",
-        f"the live model {encoder.name!r}" if encoder is not None else "",
-    ) if part) + ("" if encoder is not None else " only (no live encodings)")
+    what = " and ".join(
+        part
+        for part in (
+            f"cache {settings.cache_path}" if store is not None else "",
+            f"the live model {encoder.name!r}" if encoder is not None else "",
+        )
+        if part
+    ) + ("" if encoder is not None else " only (no live encodings)")
     click.echo(f"elmo-cache: serving {what} on http://{settings.host}:{settings.port}", err=True)
     uvicorn.run(
         app,

@@ -12,7 +12,9 @@ __all__ = ["verify_command"]
 
 @click.command("verify")
 @click.argument("cache", type=click.Path())
-@click.option("--sample", type=int, default=0, show_default=True, help="Re-encode this many random sentences and compare.")
+@click.option(
+    "--sample", type=int, default=0, show_default=True, help="Re-encode this many random sentences and compare."
+)
 @click.option("--corpus", default=None, help="The corpus the cache was built from. Default: the recorded input path.")
 @model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
@@ -22,10 +24,16 @@ def verify_command(cache, sample, corpus, model, options_file, weight_file, devi
 
     if sample < 0:
         raise InvalidParameterError(f"--sample: must be >= 0, got {sample}")
-    report = verify(cache, sample=sample, corpus=corpus, model=model, options_file=options_file, weight_file=weight_file,
-                    device=device, seed=seed)
+    report = verify(
+        cache,
+        sample=sample,
+        corpus=corpus,
+        model=model,
+        options_file=options_file,
+        weight_file=weight_file,
+        device=device,
+        seed=seed,
+    )
     click.echo(str(report))
     if not report.ok:
         raise CacheFormatError(f"{cache} failed verification: " + "; ".join(report.problems))
-
-

@@ -47,15 +47,21 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from elmo_cache.builder import BuildOptions, build
-    from elmo_cache.dataset import CacheDataset, collate
-    from elmo_cache.encoder import Encoder
+    # Re-exports for type checkers and IDEs (``X as X`` marks them public).
+    from elmo_cache.builder import BuildOptions as BuildOptions
+    from elmo_cache.builder import build as build
+    from elmo_cache.dataset import CacheDataset as CacheDataset
+    from elmo_cache.dataset import collate as collate
+    from elmo_cache.encoder import Encoder as Encoder
     from elmo_cache.errors import *  # noqa: F403
-    from elmo_cache.selection import MixSpec
-    from elmo_cache.model.options import ModelOptions
-    from elmo_cache.reader import Cache, open
-    from elmo_cache.scalar_mix import ScalarMix
-    from elmo_cache.text.tokenize import sentence_hash, tokenize
+    from elmo_cache.model.options import ModelOptions as ModelOptions
+    from elmo_cache.reader import Cache as Cache
+    from elmo_cache.reader import open as open  # noqa: A004 - the public name shadows the builtin on purpose
+    from elmo_cache.scalar_mix import ScalarMix as ScalarMix
+    from elmo_cache.selection import MixSpec as MixSpec
+    from elmo_cache.selection import Selection as Selection
+    from elmo_cache.text.tokenize import sentence_hash as sentence_hash
+    from elmo_cache.text.tokenize import tokenize as tokenize
 
 
 def __getattr__(name: str) -> Any:

@@ -87,6 +87,7 @@ class Batch(NamedTuple):
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch with its tensors (and tensor fields) moved to ``device``."""
+
         def move(x: Any) -> Any:
             return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
 
@@ -111,7 +112,11 @@ def collate(batch: Sequence[Any]) -> Batch:
     token_axis = 1 if layered else 0
     lengths = [a.shape[token_axis] for a in arrays]
     max_tokens = max(lengths)
-    shape = (len(arrays), first.shape[0], max_tokens, first.shape[-1]) if layered else (len(arrays), max_tokens, first.shape[-1])
+    shape = (
+        (len(arrays), first.shape[0], max_tokens, first.shape[-1])
+        if layered
+        else (len(arrays), max_tokens, first.shape[-1])
+    )
     vectors = torch.zeros(shape, dtype=torch.float32)
     out = vectors.numpy()  # one cast-and-copy per sentence, straight from the mapped pages
     per_token = first.shape[:token_axis] + first.shape[token_axis + 1 :]

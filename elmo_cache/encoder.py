@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.model.chars import word_char_ids
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import hub
 from elmo_cache.model.bilm import BiLM, PackedBatch
+from elmo_cache.model.chars import word_char_ids
 from elmo_cache.model.hub import ModelFiles
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import load_weights
@@ -44,7 +44,7 @@ WARMUP_TEXT = (
     "The committee met on Tuesday to discuss the new budget .",
     "Officials said the plan would be published later this year , after a public consultation .",
     "It was not clear how many people would be affected by the changes .",
-    "\" We are confident that this is the right decision , \" she said .",
+    '" We are confident that this is the right decision , " she said .',
 )
 
 DEFAULT_BATCH_TOKENS = 8192
@@ -179,7 +179,9 @@ class Encoder:
     @classmethod
     def from_model(cls, files: ModelFiles, **kwargs: Any) -> Encoder:
         """Load resolved :class:`~elmo_cache.model.hub.ModelFiles`; ``kwargs`` as for :meth:`from_files`."""
-        return cls.from_files(files.options_file, files.weight_file, name=files.name, directory=files.directory, **kwargs)
+        return cls.from_files(
+            files.options_file, files.weight_file, name=files.name, directory=files.directory, **kwargs
+        )
 
     @classmethod
     def load(
@@ -234,7 +236,9 @@ class Encoder:
         )
 
     # ------------------------------------------------------------------- public
-    def embed_batch(self, sentences: Sequence[Sequence[str]], *, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[np.ndarray]:
+    def embed_batch(
+        self, sentences: Sequence[Sequence[str]], *, batch_tokens: int = DEFAULT_BATCH_TOKENS
+    ) -> list[np.ndarray]:
         """Vectors of each sentence, ``(3, n_tokens, output_dim)`` float32, in input order.
 
         Layer 0 is the char-CNN token vector duplicated to the LSTM layers' width, as in
@@ -252,7 +256,9 @@ class Encoder:
     def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
         """Vectors of one tokenised sentence, ``(3, n_tokens, output_dim)`` float32."""
         if isinstance(tokens, str):
-            raise InvalidParameterError("embed_sentence expects a list of tokens; use elmo_cache.text.tokenize(text) first")
+            raise InvalidParameterError(
+                "embed_sentence expects a list of tokens; use elmo_cache.text.tokenize(text) first"
+            )
         return self.embed_batch([tokens])[0]
 
     def embed_sentences(
@@ -388,7 +394,7 @@ class Encoder:
         n_tokens = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=batch)
         offsets = np.zeros(batch + 1, dtype=np.int64)
         np.cumsum(n_tokens, out=offsets[1:])
-        if batch == 0 or offsets[-1] == 0 and self.initial_state != "carry":
+        if batch == 0 or (offsets[-1] == 0 and self.initial_state != "carry"):
             return torch.zeros(self.n_layers, int(offsets[-1]), self.output_dim, device=self.device), offsets
 
         # Token embeddings of "<S> tokens </S>" for every sentence, input order.
@@ -431,7 +437,9 @@ class Encoder:
             self._carry_c.index_copy_(2, index, final_c)
 
         # Back to input order, drop <S>/</S>, layer 0 = token vector twice.
-        keep = torch.from_numpy(np.delete(np.arange(len(token_ids)), np.concatenate([seq_starts[:-1], seq_starts[1:] - 1]))).to(self.device)
+        keep = torch.from_numpy(
+            np.delete(np.arange(len(token_ids)), np.concatenate([seq_starts[:-1], seq_starts[1:] - 1]))
+        ).to(self.device)
         p = self.options.projection_dim
         out = torch.empty(self.n_layers, len(token_ids), self.output_dim, device=self.device)
         out[0, :, :p] = embedded

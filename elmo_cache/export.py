@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.text.corpus import Corpus
 from elmo_cache.errors import CacheExistsError, CorpusError
+from elmo_cache.text.corpus import Corpus
 
 __all__ = ["ExportSummary", "export"]
 
@@ -40,7 +40,9 @@ class ExportSummary:
     corpus: str | None
 
     def __str__(self) -> str:
-        index = f"sentence_to_index from {self.corpus}" if self.corpus else "no sentence_to_index (pass --corpus to add it)"
+        index = (
+            f"sentence_to_index from {self.corpus}" if self.corpus else "no sentence_to_index (pass --corpus to add it)"
+        )
         return f"wrote {self.path}: {self.n_sentences:,} sentences in the allennlp layout, {index}"
 
 
@@ -53,17 +55,26 @@ def _sentence_to_index(source: Corpus, lengths: np.ndarray) -> dict[str, str]:
             continue
         text = text.lstrip("\ufeff")
         if len(text.split()) != lengths[number]:
-            raise CorpusError(f"{source.name}, line {number + 1}: {len(text.split())} tokens but the cache stores "
-                              f"{lengths[number]}; not the corpus this cache was built from")
+            raise CorpusError(
+                f"{source.name}, line {number + 1}: {len(text.split())} tokens but the cache stores "
+                f"{lengths[number]}; not the corpus this cache was built from"
+            )
         mapping[text.strip()] = str(number)
     if count != len(lengths):
-        raise CorpusError(f"{source.name} has {count} lines but the cache has {len(lengths)} sentences; "
-                          "not the corpus this cache was built from")
+        raise CorpusError(
+            f"{source.name} has {count} lines but the cache has {len(lengths)} sentences; "
+            "not the corpus this cache was built from"
+        )
     return mapping
 
 
-def export(cache: str | os.PathLike[str], output: str | os.PathLike[str], *, corpus: str | os.PathLike[str] | None = None,
-           overwrite: bool = False) -> ExportSummary:
+def export(
+    cache: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    corpus: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+) -> ExportSummary:
     """Write the cache at ``cache`` to ``output`` (an HDF5 file) in allennlp's layout.
 
     Raises :class:`~elmo_cache.errors.CacheExistsError` if ``output`` exists (unless

@@ -108,7 +108,8 @@ class Cache:
         want = (len(self.layers), self.dim) if self.layers is not None else (self.dim,)
         if tuple(vectors.shape[1:]) != want:
             raise CacheFormatError(
-                f"{self.path}: array 'vectors' has shape {tuple(vectors.shape)}, expected (n_rows, {', '.join(map(str, want))})"
+                f"{self.path}: array 'vectors' has shape {tuple(vectors.shape)}, "
+                f"expected (n_rows, {', '.join(map(str, want))})"
                 f" for a {self.kind!r} cache of dim {self.dim}"
             )
         for a, b in (("offsets", "lengths"), ("index/hashes", "index/rows")):
@@ -118,8 +119,11 @@ class Cache:
                     "must be 1-D and of the same length"
                 )
         if self.complete:
-            counts = {"n_sentences": ("offsets", arrays["offsets"].shape[0]), "n_rows": ("vectors", vectors.shape[0]),
-                      "n_unique": ("index/hashes", arrays["index/hashes"].shape[0])}
+            counts = {
+                "n_sentences": ("offsets", arrays["offsets"].shape[0]),
+                "n_rows": ("vectors", vectors.shape[0]),
+                "n_unique": ("index/hashes", arrays["index/hashes"].shape[0]),
+            }
             for key, (name, actual) in counts.items():
                 if key in meta and meta[key] != actual:
                     raise CacheFormatError(
@@ -196,7 +200,9 @@ class Cache:
         index = np.asarray(key)
         if index.dtype == bool:
             if index.shape != (self._n,):
-                raise IndexError(f"boolean index of shape {index.shape} does not match the {self._n} sentences of {self.path}")
+                raise IndexError(
+                    f"boolean index of shape {index.shape} does not match the {self._n} sentences of {self.path}"
+                )
             index = np.flatnonzero(index)
         elif index.size and index.dtype.kind not in "iu":
             raise TypeError(f"cache indices must be integers, slices or integer/boolean arrays, got {index.dtype}")
@@ -241,7 +247,7 @@ class Cache:
 
     def __contains__(self, sentence: object) -> bool:
         if isinstance(sentence, (str, list, tuple)):
-            return self.find(sentence) is not None  # type: ignore[arg-type]
+            return self.find(sentence) is not None
         return False
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -262,15 +268,17 @@ class Cache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str, bool]]:
         return (_reopen, (str(self.path), self._allow_incomplete))
 
     def __repr__(self) -> str:
         what = f"layers={list(self.layers)}" if self.layers is not None else "mix"
         state = "" if self.complete else ", incomplete"
-        return f"<Cache {str(self.path)!r} {self.format}, {self._n} sentences, {what}, dim={self.dim}, {self.dtype}{state}>"
+        return (
+            f"<Cache {str(self.path)!r} {self.format}, {self._n} sentences, {what}, dim={self.dim}, "
+            f"{self.dtype}{state}>"
+        )
 
 
 def _reopen(path: str, allow_incomplete: bool) -> Cache:
     return Cache(path, allow_incomplete=allow_incomplete)
-

@@ -10,6 +10,7 @@ reproduce it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,12 +48,14 @@ class ScalarMix(nn.Module):
         n = len(self.layers)
         raw = torch.zeros(n) if initial is None else torch.tensor(list(initial), dtype=torch.float32)
         if raw.shape != (n,):
-            raise InvalidParameterError(f"initial: expected {n} raw weights (one per layer {list(self.layers)}), got {raw.numel()}")
+            raise InvalidParameterError(
+                f"initial: expected {n} raw weights (one per layer {list(self.layers)}), got {raw.numel()}"
+            )
         self.scalar_parameters = nn.Parameter(raw, requires_grad=trainable)
         self.gamma = nn.Parameter(torch.tensor(float(gamma)), requires_grad=trainable)
 
     @classmethod
-    def for_cache(cls, cache, **kwargs) -> ScalarMix:
+    def for_cache(cls, cache: Any, **kwargs: Any) -> ScalarMix:
         """A mix over the layers a layered cache stores (``cache``: a Cache or a CacheDataset)."""
         if cache.layers is None:
             raise InvalidParameterError(f"{cache.path}: a mixed cache has no layers to learn a mix over")
@@ -62,7 +65,8 @@ class ScalarMix(nn.Module):
         n = len(self.layers)
         if tensor.shape[layer_dim] != n:
             raise InvalidParameterError(
-                f"ScalarMix over layers {list(self.layers)}: input axis {layer_dim} has size {tensor.shape[layer_dim]}, expected {n}"
+                f"ScalarMix over layers {list(self.layers)}: input axis {layer_dim} has size "
+                f"{tensor.shape[layer_dim]}, expected {n}"
             )
         weights = torch.softmax(self.scalar_parameters, dim=0)
         shape = [1] * tensor.dim()
@@ -99,7 +103,13 @@ class ScalarMix(nn.Module):
 
     def build_args(self) -> list[str]:
         """``["--mix", "a0,a1,a2", "--mix-softmax", "--gamma", "g"]`` for ``elmo-cache build``."""
-        return ["--mix", ",".join(repr(x) for x in self.raw_weights), "--mix-softmax", "--gamma", repr(self.gamma_value)]
+        return [
+            "--mix",
+            ",".join(repr(x) for x in self.raw_weights),
+            "--mix-softmax",
+            "--gamma",
+            repr(self.gamma_value),
+        ]
 
     def extra_repr(self) -> str:
         weights = ", ".join(f"{w:.3f}" for w in self.weights)

@@ -14,8 +14,7 @@ float32 before any cast to a storage dtype. Trained models (allennlp's ScalarMix
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +93,9 @@ class MixSpec:
     raw: tuple[float, ...] | None = None
 
     @classmethod
-    def from_raw(cls, weights: str | Sequence[float], *, gamma: float = 1.0, softmax: bool = False, n_layers: int = 3) -> MixSpec:
+    def from_raw(
+        cls, weights: str | Sequence[float], *, gamma: float = 1.0, softmax: bool = False, n_layers: int = 3
+    ) -> MixSpec:
         """Build a mix from user input; with ``softmax`` the weights are raw ScalarMix parameters."""
         numbers = parse_floats(weights, count=n_layers, parameter="mix")
         if not math.isfinite(gamma):
@@ -142,7 +143,12 @@ class MixSpec:
 
     def to_metadata(self) -> dict[str, Any]:
         """JSON form stored in cache metadata."""
-        return {"weights": list(self.weights), "gamma": self.gamma, "raw": None if self.raw is None else list(self.raw), "softmax": self.raw is not None}
+        return {
+            "weights": list(self.weights),
+            "gamma": self.gamma,
+            "raw": None if self.raw is None else list(self.raw),
+            "softmax": self.raw is not None,
+        }
 
 
 def _exclusive(names: Mapping[str, str]) -> InvalidParameterError:
@@ -230,8 +236,10 @@ class Selection:
 
     def describe(self) -> dict[str, Any]:
         """``layers`` and ``mix`` as the server echoes them."""
-        return {"layers": None if self.layers is None else list(self.layers),
-                "mix": None if self.mix is None else self.mix.to_metadata()}
+        return {
+            "layers": None if self.layers is None else list(self.layers),
+            "mix": None if self.mix is None else self.mix.to_metadata(),
+        }
 
     def row_shape(self, dim: int) -> tuple[int, ...]:
         """Shape of one token's row in a cache: ``(n_layers, dim)`` or ``(dim,)``."""

@@ -8,7 +8,6 @@ exists) every line's token count and hash are checked, which proves the sentence
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,11 +105,19 @@ def verify(
                 corpus_path = recorded
         if corpus_path is None:
             if sample:
-                raise InvalidParameterError("sample: re-encoding needs the corpus text; pass --corpus (the cache stores no text)")
+                raise InvalidParameterError(
+                    "sample: re-encoding needs the corpus text; pass --corpus (the cache stores no text)"
+                )
             return report
         report.corpus = str(corpus_path)
-        tokens = _check_corpus(Corpus(corpus_path, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
-                               meta, arrays, report, sample, seed)
+        tokens = _check_corpus(
+            Corpus(corpus_path, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
+            meta,
+            arrays,
+            report,
+            sample,
+            seed,
+        )
         if sample and tokens and not report.problems:
             _check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device)
         return report
@@ -121,7 +128,9 @@ def verify(
 def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
     problems = report.problems
     if meta.get("format_version") != FORMAT_VERSION:
-        problems.append(f"format_version {meta.get('format_version')!r}; this elmo-cache knows version {FORMAT_VERSION}")
+        problems.append(
+            f"format_version {meta.get('format_version')!r}; this elmo-cache knows version {FORMAT_VERSION}"
+        )
     if meta.get("complete") is not True:
         problems.append("complete is not true: the build was interrupted; rerun the same build command to finish it")
     missing = [name for name, a in arrays.items() if a is None]
@@ -164,11 +173,15 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
     if wrong:
         problems.extend(wrong)
         return
-    report.checks.append(f"counts ({n:,} sentences, {counts['n_tokens']:,} tokens, {n_rows:,} rows, {len(hashes):,} distinct)")
+    report.checks.append(
+        f"counts ({n:,} sentences, {counts['n_tokens']:,} tokens, {n_rows:,} rows, {len(hashes):,} distinct)"
+    )
 
     if (lengths < 0).any() or (offsets < 0).any() or (offsets + lengths > n_rows).any():
         bad = int(np.flatnonzero((lengths < 0) | (offsets < 0) | (offsets + lengths > n_rows))[0])
-        problems.append(f"sentence {bad}: rows {offsets[bad]}..{offsets[bad] + lengths[bad]} outside vectors (n_rows {n_rows})")
+        problems.append(
+            f"sentence {bad}: rows {offsets[bad]}..{offsets[bad] + lengths[bad]} outside vectors (n_rows {n_rows})"
+        )
         return
     if meta.get("dedupe"):
         nonempty = np.flatnonzero(lengths > 0)
@@ -181,9 +194,13 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
     expected_offsets = np.concatenate([[0], np.cumsum(owned)[:-1]]) if n else np.zeros(0, np.int64)
     fresh = owner | (lengths == 0) if meta.get("dedupe") else np.ones(n, dtype=bool)
     if int(owned.sum()) != n_rows or (offsets[fresh] != expected_offsets[fresh]).any():
-        bad = np.flatnonzero(fresh & (offsets != expected_offsets))
-        where = f"sentence {int(bad[0])} starts at row {offsets[bad[0]]}, expected {expected_offsets[bad[0]]}" if len(bad) else \
-            f"sentences own {int(owned.sum())} rows but vectors has {n_rows}"
+        misplaced = np.flatnonzero(fresh & (offsets != expected_offsets))
+        where = (
+            f"sentence {int(misplaced[0])} starts at row {offsets[misplaced[0]]}, "
+            f"expected {expected_offsets[misplaced[0]]}"
+            if len(misplaced)
+            else f"sentences own {int(owned.sum())} rows but vectors has {n_rows}"
+        )
         problems.append(f"offsets/lengths are not consecutive in input order: {where}")
         return
     if meta.get("dedupe"):
@@ -193,7 +210,9 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
             for i in np.flatnonzero(dup)[:100000].tolist():
                 j = first_of.get(int(offsets[i]))
                 if j is None or j > i or lengths[j] != lengths[i]:
-                    problems.append(f"sentence {i} shares rows at {offsets[i]} but no earlier sentence of its length owns them")
+                    problems.append(
+                        f"sentence {i} shares rows at {offsets[i]} but no earlier sentence of its length owns them"
+                    )
                     return
     report.checks.append("offsets and lengths consistent" + (" (deduplicated)" if meta.get("dedupe") else ""))
 
@@ -205,8 +224,9 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         report.checks.append("index sorted, rows in range")
 
 
-def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport,
-                  sample: int, seed: int) -> dict[int, list[str]]:
+def _check_corpus(
+    source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport, sample: int, seed: int
+) -> dict[int, list[str]]:
     lengths = np.asarray(arrays["lengths"][:])
     offsets = np.asarray(arrays["offsets"][:])
     n = len(lengths)
@@ -214,7 +234,11 @@ def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], 
     if sample:
         candidates = np.flatnonzero(lengths > 0)
         rng = np.random.default_rng(seed)
-        chosen = set(rng.choice(candidates, size=min(sample, len(candidates)), replace=False).tolist()) if len(candidates) else set()
+        chosen = (
+            set(rng.choice(candidates, size=min(sample, len(candidates)), replace=False).tolist())
+            if len(candidates)
+            else set()
+        )
     tokens: dict[int, list[str]] = {}
     line_hashes = np.empty(n, dtype=np.uint64)
     count = 0
@@ -223,7 +247,9 @@ def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], 
         if number >= n:
             continue
         if len(sentence) != lengths[number]:
-            report.problems.append(f"{source.name}, line {number + 1}: {len(sentence)} tokens, the cache stores {lengths[number]}")
+            report.problems.append(
+                f"{source.name}, line {number + 1}: {len(sentence)} tokens, the cache stores {lengths[number]}"
+            )
             return {}
         line_hashes[number] = sentence_hash(sentence)
         if number in chosen:
@@ -236,8 +262,10 @@ def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], 
     ordered = line_hashes[order]
     first = np.ones(n, dtype=bool)
     first[1:] = ordered[1:] != ordered[:-1]
-    if not (np.array_equal(ordered[first], np.asarray(arrays["index/hashes"][:]))
-            and np.array_equal(order[first], np.asarray(arrays["index/rows"][:]))):
+    if not (
+        np.array_equal(ordered[first], np.asarray(arrays["index/hashes"][:]))
+        and np.array_equal(order[first], np.asarray(arrays["index/rows"][:]))
+    ):
         report.problems.append("the sentence index does not match the corpus (hashes or first-occurrence rows differ)")
         return {}
     if meta.get("dedupe"):
@@ -253,14 +281,19 @@ def _check_corpus(source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], 
     return tokens
 
 
-def _load_model(meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None) -> Any:
+def _load_model(
+    meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None
+) -> Any:
     """The model asked for, else the one the cache records (found locally, else loaded by its recorded name)."""
     from elmo_cache.encoder import Encoder, load_encoder
     from elmo_cache.model import hub
 
     identity = meta.get("model") or {}
-    kwargs = {"device": device, "precision": identity.get("precision", "fp32"),
-              "initial_state": identity.get("initial_state", "zero")}
+    kwargs = {
+        "device": device,
+        "precision": identity.get("precision", "fp32"),
+        "initial_state": identity.get("initial_state", "zero"),
+    }
     if options_file is not None or weight_file is not None or model is not None:
         return load_encoder(model, options_file, weight_file, **kwargs)
     files, _ = hub.locate(identity)
@@ -271,13 +304,23 @@ def _load_model(meta: dict[str, Any], model: str | None, options_file: Any, weig
         raise InvalidParameterError("the cache does not name its model; pass --model or --options-file/--weight-file")
     try:
         return Encoder.load(name, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - say what to do instead
-        raise InvalidParameterError(f"cannot load the model {name!r} the cache names ({exc}); pass --model or "
-                                    "--options-file/--weight-file") from None
+    except Exception as exc:
+        raise InvalidParameterError(
+            f"cannot load the model {name!r} the cache names ({exc}); pass --model or --options-file/--weight-file"
+        ) from None
 
 
-def _check_sample(meta: dict[str, Any], arrays: dict[str, Any], tokens: dict[int, list[str]], report: VerifyReport,
-                  encoder: Any, model: str | None, options_file: Any, weight_file: Any, device: str | None) -> None:
+def _check_sample(
+    meta: dict[str, Any],
+    arrays: dict[str, Any],
+    tokens: dict[int, list[str]],
+    report: VerifyReport,
+    encoder: Any,
+    model: str | None,
+    options_file: Any,
+    weight_file: Any,
+    device: str | None,
+) -> None:
     if encoder is None:
         encoder = _load_model(meta, model, options_file, weight_file, device)
     stored_model = meta.get("model") or {}
@@ -298,8 +341,10 @@ def _check_sample(meta: dict[str, Any], arrays: dict[str, Any], tokens: dict[int
         error = np.abs(stored - expected)
         worst = max(worst, float(error.max()))
         if (error > atol + rtol * np.abs(expected)).any():
-            report.problems.append(f"sentence {i}: stored vectors differ from a fresh encoding by up to {float(error.max()):.3g} "
-                                   f"(tolerance {atol:g} + {rtol:g} x |value|)")
+            report.problems.append(
+                f"sentence {i}: stored vectors differ from a fresh encoding by up to {float(error.max()):.3g} "
+                f"(tolerance {atol:g} + {rtol:g} x |value|)"
+            )
             return
     report.sampled = len(lines)
     report.max_abs_error = worst

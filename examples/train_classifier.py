@@ -29,10 +29,10 @@ from elmo_cache.model.random_model import write_random_model
 
 # Two classes told apart by their vocabulary, with shared filler words in between.
 _WORDS = {
-    0: "cat dog bird horse cow sheep goat mouse fish frog".split(),
-    1: "car bus train plane boat truck bike tram ship van".split(),
+    0: ["cat", "dog", "bird", "horse", "cow", "sheep", "goat", "mouse", "fish", "frog"],
+    1: ["car", "bus", "train", "plane", "boat", "truck", "bike", "tram", "ship", "van"],
 }
-_FILLER = "the a on in with near and then some big small red".split()
+_FILLER = ["the", "a", "on", "in", "with", "near", "and", "then", "some", "big", "small", "red"]
 
 
 def generate_corpus(n: int, seed: int) -> list[tuple[int, str]]:
@@ -40,7 +40,9 @@ def generate_corpus(n: int, seed: int) -> list[tuple[int, str]]:
     rows = []
     for _ in range(n):
         label = rng.randrange(2)
-        words = [rng.choice(_WORDS[label]) if rng.random() < 0.4 else rng.choice(_FILLER) for _ in range(rng.randint(3, 12))]
+        words = [
+            rng.choice(_WORDS[label]) if rng.random() < 0.4 else rng.choice(_FILLER) for _ in range(rng.randint(3, 12))
+        ]
         rows.append((label, " ".join(words)))
     return rows
 
@@ -116,14 +118,22 @@ def main() -> None:
 
     train_set = CacheDataset(train_cache, train_labels)
     test_set = CacheDataset(test_cache, test_labels)
-    train_loader = DataLoader(train_set, batch_size=32, shuffle=True, collate_fn=collate, num_workers=args.workers,
-                              persistent_workers=args.workers > 0)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=32,
+        shuffle=True,
+        collate_fn=collate,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
     test_loader = DataLoader(test_set, batch_size=64, collate_fn=collate)
     n_classes = int(max(train_labels.max(), test_labels.max())) + 1
     model = Classifier(train_set.layers, train_set.dim, n_classes)
     optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
-    print(f"chance: {max(float((test_labels == c).float().mean()) for c in range(n_classes)):.3f}, "
-          f"before training: {accuracy(model, test_loader):.3f}")
+    print(
+        f"chance: {max(float((test_labels == c).float().mean()) for c in range(n_classes)):.3f}, "
+        f"before training: {accuracy(model, test_loader):.3f}"
+    )
     for epoch in range(1, args.epochs + 1):
         model.train()
         total = 0.0

@@ -50,7 +50,9 @@ def check_compatible(cache: Any, encoder: Any) -> None:
     differences = model_differences(built_with, identity)
     if differences:
         key = differences[0]
-        theirs, ours = (repr(built_with.get(key)), repr(identity.get(key))) if key != "options" else ("others", "others")
+        theirs, ours = (
+            (repr(built_with.get(key)), repr(identity.get(key))) if key != "options" else ("others", "others")
+        )
         raise InvalidParameterError(
             f"model: the cache was built with {key} {theirs} but the loaded model has {ours}; "
             "live answers would not match cached ones (serve the cache with the model, --precision and "
@@ -112,9 +114,7 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded_encoder, loaded_cache = await asyncio.to_thread(
-            load_resources, settings, encoder=encoder, cache=cache
-        )
+        loaded_encoder, loaded_cache = await asyncio.to_thread(load_resources, settings, encoder=encoder, cache=cache)
         batcher = None
         if loaded_encoder is not None:
             batcher = LiveBatcher(

@@ -1,10 +1,10 @@
 """Micro-batching of live encodings: concurrent requests share one encoder call.
 
 Requests enter a bounded :class:`asyncio.Queue`; when it is full the request is
-refused at once (:class:`~elmo_cache.errors.QueueFullError`, a 429) rather than left waiting. One worker task takes the oldest
-request, then keeps adding queued requests until the batch holds ``batch_tokens``
-tokens or ``max_wait`` has passed since it started gathering, and runs the encoder
-in a dedicated thread so the event loop keeps answering cache hits meanwhile.
+refused at once (:class:`~elmo_cache.errors.QueueFullError`, a 429) rather than left
+waiting. One worker task takes the oldest request, then keeps adding queued requests
+until the batch holds ``batch_tokens`` tokens or ``max_wait`` has passed since it started
+gathering, and runs the encoder in a dedicated thread so the event loop keeps answering cache hits meanwhile.
 While the encoder runs, new requests pile up and form the next batch, so under
 load batches grow by themselves and the encoder is never idle.
 """

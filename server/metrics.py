@@ -6,8 +6,7 @@ apps live in one process, as tests do, without "duplicated timeseries" errors.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
 
@@ -26,33 +25,43 @@ class Metrics:
             "elmo_cache_requests", "HTTP requests answered", ["method", "route", "status"], registry=r
         )
         self.latency = Histogram(
-            "elmo_cache_request_seconds", "Time to answer an HTTP request", ["method", "route"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "elmo_cache_request_seconds",
+            "Time to answer an HTTP request",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.cache_hits = Counter("elmo_cache_cache_hits", "Sentences answered from the cache", registry=r)
         self.cache_misses = Counter(
-            "elmo_cache_cache_misses", "Sentences a loaded cache could not answer (absent, or not in the asked form)",
+            "elmo_cache_cache_misses",
+            "Sentences a loaded cache could not answer (absent, or not in the asked form)",
             registry=r,
         )
         self.live_sentences = Counter("elmo_cache_live_sentences", "Sentences encoded live", registry=r)
         self.live_tokens = Counter("elmo_cache_live_tokens", "Tokens encoded live", registry=r)
         self.batch_sentences = Histogram(
-            "elmo_cache_live_batch_sentences", "Sentences per live encoder call",
-            buckets=_BATCH_SENTENCE_BUCKETS, registry=r,
+            "elmo_cache_live_batch_sentences",
+            "Sentences per live encoder call",
+            buckets=_BATCH_SENTENCE_BUCKETS,
+            registry=r,
         )
         self.batch_tokens = Histogram(
             "elmo_cache_live_batch_tokens", "Tokens per live encoder call", buckets=_BATCH_TOKEN_BUCKETS, registry=r
         )
         self.batch_requests = Histogram(
-            "elmo_cache_live_batch_requests", "Requests merged into one live batch",
-            buckets=_BATCH_SENTENCE_BUCKETS, registry=r,
+            "elmo_cache_live_batch_requests",
+            "Requests merged into one live batch",
+            buckets=_BATCH_SENTENCE_BUCKETS,
+            registry=r,
         )
         self.encode_seconds = Histogram(
             "elmo_cache_live_encode_seconds", "Time of one live encoder call", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.queue_wait = Histogram(
-            "elmo_cache_live_queue_wait_seconds", "Time a live request waited before its batch started",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "elmo_cache_live_queue_wait_seconds",
+            "Time a live request waited before its batch started",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_depth = Gauge("elmo_cache_live_queue_depth", "Live requests waiting for the encoder", registry=r)
         self.rejected = Counter(

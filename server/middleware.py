@@ -50,11 +50,13 @@ class BodyLimitMiddleware:
                     declared = 0
                 if declared > self.max_bytes:
                     body = json.dumps({"error": {"code": "body_too_large", "message": self._message(str(declared))}})
-                    await send({
-                        "type": "http.response.start",
-                        "status": 413,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
-                    })
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 413,
+                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+                        }
+                    )
                     await send({"type": "http.response.body", "body": body.encode()})
                     return
         received = 0

@@ -127,7 +127,8 @@ class EmbedService:
             if len(tokens) > limit:
                 which = "sentence" if len(token_lists) == 1 else f"sentences[{i}]"
                 raise LimitExceededError(
-                    f"{which}: {len(tokens)} tokens; the limit is {limit} tokens per sentence (max_tokens_per_sentence)",
+                    f"{which}: {len(tokens)} tokens; the limit is {limit} tokens per sentence "
+                    "(max_tokens_per_sentence)",
                     code="too_many_tokens",
                 )
         return token_lists
@@ -208,7 +209,9 @@ class EmbedService:
         """What ``GET /info`` shows about the data side."""
         return {
             "model": None if self.encoder is None else self.encoder.identity,
-            "cache": None if self.cache is None else {
+            "cache": None
+            if self.cache is None
+            else {
                 "path": str(self.settings.cache_path) if self.settings.cache_path else None,
                 "sentences": len(self.cache),
                 "metadata": self.cache.metadata,
@@ -216,7 +219,7 @@ class EmbedService:
             "default_output": self.default_selection.describe(),
             "dtype": self.dtype.name,
             "dim": self.dim,
-            "available_layers": list(ALL_LAYERS) if self.encoder is not None else list(
-                (self.stored.layers if self.stored is not None else None) or ()
-            ),
+            "available_layers": list(ALL_LAYERS)
+            if self.encoder is not None
+            else list((self.stored.layers if self.stored is not None else None) or ()),
         }

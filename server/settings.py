@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     # Torch device for the encoder ("cpu", "cuda", "cuda:1"); None picks CUDA when available.
     device: str | None = Field(None, description="torch device of the encoder")
     # Compute precision of the encoder; None: the one that built the cache, else fp32.
-    precision: str | None = Field(None, description="encoder precision (fp32, bf16, fp16); default: the cache's, else fp32")
+    precision: str | None = Field(
+        None, description="encoder precision (fp32, bf16, fp16); default: the cache's, else fp32"
+    )
     host: str = Field("127.0.0.1", description="interface to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on")
     # When set, every route but /health needs `Authorization: Bearer <key>`.

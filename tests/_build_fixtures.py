@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from elmo_cache.selection import MixSpec
@@ -17,7 +16,24 @@ from elmo_cache.store import open_with_library
 def corpus_lines(n: int = 30, seed: int = 0) -> list[str]:
     """``n`` lines with empty lines, repeats (also with other spacing), and lengths 1..25."""
     rng = random.Random(seed)
-    words = ["the", "cat", "sat", "on", "a", "mat", ".", "dogs", "bark", "loudly", "Zürich", "naïve", "—", "42", ",", "!"]
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        ".",
+        "dogs",
+        "bark",
+        "loudly",
+        "Zürich",
+        "naïve",
+        "—",
+        "42",
+        ",",
+        "!",
+    ]
     lines: list[str] = []
     for i in range(n):
         if i % 9 == 4:
@@ -59,5 +75,3 @@ def without_timings(meta: dict) -> dict:
         build.pop(key, None)
     meta["build"] = build
     return meta
-
-

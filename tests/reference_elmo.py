@@ -31,7 +31,8 @@ def char_ids(token: str, max_chars: int) -> np.ndarray:
 
 class ReferenceElmo:
     def __init__(self, options_file, weight_file):
-        self.opt = json.load(open(options_file))
+        with open(options_file) as f:
+            self.opt = json.load(f)
         with h5py.File(weight_file, "r") as f:
             self.w = {name: f[name][()].astype(np.float64) for name in _all_datasets(f)}
         self.cell_clips = 0

@@ -19,7 +19,7 @@ from elmo_cache.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.text.tokenize import tokenize
 from elmo_cache.verify import verify
-from tests._build_fixtures import corpus_lines, expected_rows, raw_arrays, write_corpus  # noqa: F401
+from tests._build_fixtures import corpus_lines, expected_rows, raw_arrays, write_corpus
 
 LINES = corpus_lines(30)
 SELECTIONS = {
@@ -81,7 +81,7 @@ def check_cache(path, lines, reference, *, layers=None, mix=None, fp16=False, de
         else:
             np.testing.assert_allclose(stored, want, rtol=1e-6, atol=1e-6)
     with elmo_cache.open(path) as cache:
-        for i, line in enumerate(lines):
+        for line in lines:
             assert cache.find(line) == first[" ".join(tokenize(line))]
     return meta
 
@@ -93,9 +93,19 @@ def test_stored_vectors_equal_the_encoder(tmp_path, corpus, reference, tiny_enco
     kwargs = SELECTIONS[selection]
     output = tmp_path / ("c.zarr" if fmt == "zarr" else "c.h5")
     # Small batches and chunks: many batches per window and sentences straddling chunks.
-    summary = build(corpus, BuildOptions(output=output, dedupe=dedupe, batch_tokens=64, window_batches=2,
-                                         chunk_rows=7 if fmt == "zarr" else None, progress=False, **kwargs),
-                    encoder=tiny_encoder)
+    summary = build(
+        corpus,
+        BuildOptions(
+            output=output,
+            dedupe=dedupe,
+            batch_tokens=64,
+            window_batches=2,
+            chunk_rows=7 if fmt == "zarr" else None,
+            progress=False,
+            **kwargs,
+        ),
+        encoder=tiny_encoder,
+    )
     assert summary.path == output and summary.format == fmt
     layers = kwargs.get("layers")
     if isinstance(layers, str):
@@ -116,7 +126,9 @@ def test_stored_vectors_equal_the_encoder(tmp_path, corpus, reference, tiny_enco
 def test_fp16_is_the_rounded_float32_value(tmp_path, corpus, reference, tiny_encoder, fmt, selection):
     kwargs = SELECTIONS[selection]
     output = tmp_path / ("c.zarr" if fmt == "zarr" else "c.h5")
-    build(corpus, BuildOptions(output=output, fp16=True, batch_tokens=128, progress=False, **kwargs), encoder=tiny_encoder)
+    build(
+        corpus, BuildOptions(output=output, fp16=True, batch_tokens=128, progress=False, **kwargs), encoder=tiny_encoder
+    )
     check_cache(output, LINES, reference, mix=kwargs.get("mix"), fp16=True)
 
 
@@ -126,7 +138,11 @@ def test_metadata_follows_the_format(tmp_path, corpus, tiny_encoder):
     meta, arrays = raw_arrays(output)
     assert meta["format"] == "elmo-cache" and meta["format_version"] == 1
     assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4) == 8192 and meta["compression"] is None
-    assert json.loads((output / "vectors" / "zarr.json").read_text())["chunk_grid"]["configuration"]["chunk_shape"] == [8192, 2, 32]
+    assert json.loads((output / "vectors" / "zarr.json").read_text())["chunk_grid"]["configuration"]["chunk_shape"] == [
+        8192,
+        2,
+        32,
+    ]
     assert meta["dim"] == tiny_encoder.output_dim == arrays["vectors"].shape[-1]
     assert meta["model"] == tiny_encoder.identity
     assert meta["tokenization"] == "whitespace" and meta["sentence_hash"] == "blake2b-64-le"
@@ -164,14 +180,28 @@ def test_compressed_zarr_holds_the_same_vectors(tmp_path, corpus, tiny_encoder, 
 def test_awkward_lines_each_have_their_stored_result(tmp_path, tiny_encoder):
     long_line = " ".join(f"w{i % 50}" for i in range(20_000))
     huge_token = "t" * 1_000_000
-    raw = [b"\xef\xbb\xbfbom at start", b"crlf line\r", b"nul\x00inside token", b"", huge_token.encode(), long_line.encode(),
-           b"after"]
+    raw = [
+        b"\xef\xbb\xbfbom at start",
+        b"crlf line\r",
+        b"nul\x00inside token",
+        b"",
+        huge_token.encode(),
+        long_line.encode(),
+        b"after",
+    ]
     path = tmp_path / "awkward.txt"
     path.write_bytes(b"\n".join(raw) + b"\n")
     output = tmp_path / "awkward.zarr"
     build(path, BuildOptions(output=output, batch_tokens=2048, progress=False), encoder=tiny_encoder)
-    expected_tokens = [["bom", "at", "start"], ["crlf", "line"], ["nul\x00inside", "token"], [], [huge_token],
-                       long_line.split(), ["after"]]
+    expected_tokens = [
+        ["bom", "at", "start"],
+        ["crlf", "line"],
+        ["nul\x00inside", "token"],
+        [],
+        [huge_token],
+        long_line.split(),
+        ["after"],
+    ]
     reference = tiny_encoder.embed_batch(expected_tokens)
     with elmo_cache.open(output) as cache:
         assert cache.lengths.tolist() == [3, 2, 2, 0, 1, 20_000, 1]
@@ -205,7 +235,9 @@ def test_errors_replace_stores_the_replacement_character(tmp_path, tiny_encoder)
     output = tmp_path / "c.h5"
     build(path, BuildOptions(output=output, errors="replace", progress=False), encoder=tiny_encoder)
     with elmo_cache.open(output) as cache:
-        np.testing.assert_allclose(cache[1], tiny_encoder.embed_sentence(["bad", "\ufffd", "byte"]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            cache[1], tiny_encoder.embed_sentence(["bad", "\ufffd", "byte"]), rtol=1e-6, atol=1e-6
+        )
 
 
 def test_gzip_and_stdin_give_the_same_cache(tmp_path, corpus, tiny_encoder, monkeypatch):
@@ -283,7 +315,12 @@ class _NoEncoding:
     """Looks like the tiny encoder but fails if asked to encode anything."""
 
     def __init__(self, real):
-        self.identity, self.output_dim, self.device, self.initial_state = real.identity, real.output_dim, real.device, "zero"
+        self.identity, self.output_dim, self.device, self.initial_state = (
+            real.identity,
+            real.output_dim,
+            real.device,
+            "zero",
+        )
 
     def encode_flat(self, batch):
         raise AssertionError("encoded although the cache was complete")

@@ -72,8 +72,9 @@ def test_the_readme_main_job_works_offline(tmp_path, bundled_model, offline):
     hit = _get(app, LINES[0])
     assert hit.headers["x-elmo-source"] == "cache"
     live_of_a_cached_sentence = encoder.embed_batch([tokenize(LINES[0])])[0][[1, 2]].astype(np.float16)
-    np.testing.assert_allclose(_vectors(hit).astype(np.float32), live_of_a_cached_sentence.astype(np.float32),
-                               rtol=2.0**-10, atol=1e-5)
+    np.testing.assert_allclose(
+        _vectors(hit).astype(np.float32), live_of_a_cached_sentence.astype(np.float32), rtol=2.0**-10, atol=1e-5
+    )
     miss = _get(app, UNSEEN)
     assert miss.headers["x-elmo-source"] == "live" and miss.headers["x-elmo-dtype"] == "float16"
     cache.close()
@@ -114,7 +115,8 @@ def test_a_local_directory_is_used_while_it_holds_the_same_weights(tmp_path, off
     encoder, _ = load_resources(Settings(device="cpu"), cache=cache)
     assert encoder is not None and encoder.directory == directory.resolve()
     np.testing.assert_array_equal(
-        encoder.embed_batch([tokenize(LINES[3])])[0], Encoder.load(directory, device="cpu").embed_sentence(tokenize(LINES[3]))
+        encoder.embed_batch([tokenize(LINES[3])])[0],
+        Encoder.load(directory, device="cpu").embed_sentence(tokenize(LINES[3])),
     )
 
     write_random_model(directory, "tiny", seed=7)  # same names, other weights

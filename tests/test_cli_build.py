@@ -15,7 +15,7 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.text.tokenize import tokenize
-from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus  # noqa: F401
+from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus
 
 LINES = corpus_lines(20, seed=7)
 
@@ -131,8 +131,11 @@ def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_enco
     tiny_encoder.encode_flat = crash_on_third
     try:
         with pytest.raises(RuntimeError):
-            build(corpus, BuildOptions(output=interrupted, batch_tokens=20, window_batches=1, commit_seconds=0, progress=False),
-                  encoder=tiny_encoder)
+            build(
+                corpus,
+                BuildOptions(output=interrupted, batch_tokens=20, window_batches=1, commit_seconds=0, progress=False),
+                encoder=tiny_encoder,
+            )
     finally:
         del tiny_encoder.encode_flat
     result = run("info", interrupted)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from elmo_cache.text.corpus import Corpus
 from elmo_cache.errors import CorpusError, InvalidParameterError
+from elmo_cache.text.corpus import Corpus
 
 
 def sentences(path, **kwargs):

@@ -11,8 +11,8 @@ import elmo_cache
 from elmo_cache import CacheDataset, Encoder, collate
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.selection import MixSpec
 from elmo_cache.model.random_model import write_random_model
+from elmo_cache.selection import MixSpec
 from elmo_cache.text.tokenize import tokenize
 
 LINES = [f"sentence {i} " + " ".join(["tok"] * (i % 7)) for i in range(40)] + ["", "last one"]
@@ -26,9 +26,13 @@ def built(tmp_path_factory):
     encoder = Encoder.from_files(options, weights)
     corpus = directory / "corpus.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    layered = build(corpus, BuildOptions(output=directory / "layers.h5", layers="1,2", fp16=True, progress=False), encoder=encoder).path
+    layered = build(
+        corpus, BuildOptions(output=directory / "layers.h5", layers="1,2", fp16=True, progress=False), encoder=encoder
+    ).path
     mix = MixSpec.from_raw("0.2,0.3,0.5")
-    mixed = build(corpus, BuildOptions(output=directory / "mix.zarr", mix=mix, chunk_rows=16, progress=False), encoder=encoder).path
+    mixed = build(
+        corpus, BuildOptions(output=directory / "mix.zarr", mix=mix, chunk_rows=16, progress=False), encoder=encoder
+    ).path
     return layered, mixed
 
 

@@ -8,19 +8,95 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import requires_cuda
+from reference_elmo import ReferenceElmo
 
 from elmo_cache import Encoder
 from elmo_cache.errors import InvalidParameterError
-from reference_elmo import ReferenceElmo
 
-from conftest import requires_cuda
-
-WORDS = (
-    "the of and to a in is was that for it with as his on be at by I had not are but from or have an they which "
-    "one you were her all she there would their we him been has when who will more no if out so said what up its "
-    "about into than them can only other new some could time these two may then do first any my now such like "
-    "Zürich naïve 東京 ☃ supercalifragilisticexpialidocious-and-then-some-more-characters-than-fifty"
-).split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "a",
+    "in",
+    "is",
+    "was",
+    "that",
+    "for",
+    "it",
+    "with",
+    "as",
+    "his",
+    "on",
+    "be",
+    "at",
+    "by",
+    "I",
+    "had",
+    "not",
+    "are",
+    "but",
+    "from",
+    "or",
+    "have",
+    "an",
+    "they",
+    "which",
+    "one",
+    "you",
+    "were",
+    "her",
+    "all",
+    "she",
+    "there",
+    "would",
+    "their",
+    "we",
+    "him",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "if",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "do",
+    "first",
+    "any",
+    "my",
+    "now",
+    "such",
+    "like",
+    "Zürich",
+    "naïve",
+    "東京",
+    "☃",
+    "supercalifragilisticexpialidocious-and-then-some-more-characters-than-fifty",
+]
 
 
 def random_sentences(count: int, seed: int, max_len: int = 45) -> list[list[str]]:
@@ -77,7 +153,9 @@ def test_carry_mode_matches_all_ten_stateful_golden_batches(golden_dir, golden_s
 
 
 def test_carry_mode_differs_from_stateless_after_first_batch(golden_dir, golden_sentences, golden_encoder):
-    carry = Encoder.from_files(golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", initial_state="carry")
+    carry = Encoder.from_files(
+        golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", initial_state="carry"
+    )
     batch = [golden_sentences[k][1].split() for k in range(3)]
     carry.embed_batch([golden_sentences[k][0].split() for k in range(3)])
     assert np.abs(carry.embed_batch(batch)[0] - golden_encoder.embed_batch(batch)[0]).max() > 1e-3

@@ -15,8 +15,8 @@ import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheFormatError, CacheNotFoundError, CorpusError, ElmoCacheError, IncompleteCacheError
-from elmo_cache.selection import MixSpec
 from elmo_cache.model.random_model import write_random_model
+from elmo_cache.selection import MixSpec
 from elmo_cache.text.tokenize import tokenize
 
 LINES = [
@@ -54,7 +54,9 @@ def activations(encoder) -> list[np.ndarray]:
 def make_cache(tmp_path, corpus, encoder):
     """Build a real cache of LINES (zarr chunks of 5 rows, so sentences straddle chunks)."""
 
-    def make(*, fmt="zarr", layers=(0, 1, 2), mix=None, dtype="float32", dedupe=False, compress=False, name="cache") -> Path:
+    def make(
+        *, fmt="zarr", layers=(0, 1, 2), mix=None, dtype="float32", dedupe=False, compress=False, name="cache"
+    ) -> Path:
         options = BuildOptions(
             output=tmp_path / (name + (".zarr" if fmt == "zarr" else ".h5")),
             layers=None if mix else ",".join(map(str, layers)),
@@ -222,8 +224,14 @@ def test_v2_chunk_key_encoding(make_cache):
     data = zarr.open_array(store=str(path), path="vectors", mode="r")[...]
     shutil.rmtree(path / "vectors")
     group = zarr.open_group(str(path), mode="r+")
-    array = group.create_array("vectors", shape=data.shape, chunks=(4, 3, 32), dtype=data.dtype, compressors=None,
-                               chunk_key_encoding={"name": "v2", "separator": "."})
+    array = group.create_array(
+        "vectors",
+        shape=data.shape,
+        chunks=(4, 3, 32),
+        dtype=data.dtype,
+        compressors=None,
+        chunk_key_encoding={"name": "v2", "separator": "."},
+    )
     array[...] = data
     assert (path / "vectors" / "1.0.0").is_file()
     with elmo_cache.open(path) as cache:
@@ -313,7 +321,9 @@ def replace_array(path: Path, name: str, data: np.ndarray | None) -> None:
         shutil.rmtree(path / name)
         if data is not None:
             group = zarr.open_group(str(path), mode="r+")
-            group.create_array(name, shape=data.shape, chunks=(max(1, data.shape[0]),), dtype=data.dtype, compressors=None)[...] = data
+            group.create_array(
+                name, shape=data.shape, chunks=(max(1, data.shape[0]),), dtype=data.dtype, compressors=None
+            )[...] = data
     else:
         with h5py.File(path, "r+") as f:
             del f[name]
@@ -364,9 +374,11 @@ def test_truncated_zarr_chunk(make_cache):
     path = make_cache()
     chunk = path / "vectors" / "c" / "0" / "0" / "0"
     chunk.write_bytes(chunk.read_bytes()[:100])
-    with elmo_cache.open(path) as cache:
-        with pytest.raises(CacheFormatError, match="chunk of array 'vectors' has 100 bytes"):
-            cache[0]
+    with (
+        elmo_cache.open(path) as cache,
+        pytest.raises(CacheFormatError, match="chunk of array 'vectors' has 100 bytes"),
+    ):
+        cache[0]
 
 
 def test_chunked_hdf5_dataset_is_refused(make_cache):

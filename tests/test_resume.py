@@ -20,7 +20,7 @@ from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheExistsError, ElmoCacheError
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify import verify
-from tests._build_fixtures import corpus_lines, raw_arrays, without_timings, write_corpus  # noqa: F401
+from tests._build_fixtures import corpus_lines, raw_arrays, without_timings, write_corpus
 
 
 def assert_same_cache(a: Path, b: Path) -> None:
@@ -50,7 +50,9 @@ def failing_on(encoder, batch: int):
         del encoder.encode_flat
 
 
-@pytest.mark.parametrize(("fmt", "extra"), [("zarr", {"chunk_rows": 16}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})])
+@pytest.mark.parametrize(
+    ("fmt", "extra"), [("zarr", {"chunk_rows": 16}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})]
+)
 def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encoder, fmt, extra):
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))
     suffix = ".zarr" if fmt == "zarr" else ".h5"
@@ -111,7 +113,9 @@ def test_resume_refuses_a_changed_corpus_and_other_options(tmp_path, tiny_encode
         build(corpus, options, encoder=tiny_encoder)
     committed = load_progress(output).lines
     assert committed > 3
-    with pytest.raises(CacheExistsError, match=r"interrupted build with other options \(dtype: 'float32' there, 'float16' now"):
+    with pytest.raises(
+        CacheExistsError, match=r"interrupted build with other options \(dtype: 'float32' there, 'float16' now"
+    ):
         build(corpus, BuildOptions(output=output, fp16=True, progress=False), encoder=tiny_encoder)
     lines[2] = "this line changed"
     write_corpus(corpus, lines)
@@ -125,9 +129,29 @@ def test_resume_refuses_a_changed_corpus_and_other_options(tmp_path, tiny_encode
 
 
 def _command(corpus: Path, output: Path, model: tuple[Path, Path], extra: list[str]) -> list[str]:
-    return [sys.executable, "-c", "from elmo_cache.cli.main import main; main()", "build", str(corpus), "-o", str(output),
-            "--options-file", str(model[0]), "--weight-file", str(model[1]), "--batch-tokens", "48", "--window-batches", "1",
-            "--commit-seconds", "0", "--no-progress", "--device", "cpu", *extra]
+    return [
+        sys.executable,
+        "-c",
+        "from elmo_cache.cli.main import main; main()",
+        "build",
+        str(corpus),
+        "-o",
+        str(output),
+        "--options-file",
+        str(model[0]),
+        "--weight-file",
+        str(model[1]),
+        "--batch-tokens",
+        "48",
+        "--window-batches",
+        "1",
+        "--commit-seconds",
+        "0",
+        "--no-progress",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def _committed(output: Path) -> int:
@@ -170,7 +194,7 @@ def test_kill_9_at_random_moments(tmp_path, tiny_model):
             process.send_signal(signal.SIGKILL)
             kills += 1
             resumed_kills += before > 0
-        out, err = process.communicate(timeout=60)
+        _, err = process.communicate(timeout=60)
         if process.returncode == 0:
             break
         assert process.returncode == -signal.SIGKILL, err

@@ -167,13 +167,15 @@ def test_mix_is_applied_in_float32(encoder):
 
     async def scenario(client):
         response = await client.get(
-            "/embed", params={"sentence": UNSEEN[0], "mix": "0.5,-1,2", "gamma": 0.7, "softmax": "true", "format": "npy"}
+            "/embed",
+            params={"sentence": UNSEEN[0], "mix": "0.5,-1,2", "gamma": 0.7, "softmax": "true", "format": "npy"},
         )
         assert response.status_code == 200, response.text
         assert response.headers["x-elmo-shape"] == f"{len(tokenize(UNSEEN[0]))},32"
         close(decode(response), want[0])
         response = await client.post(
-            "/embed", json={"sentences": UNSEEN, "mix": [0.5, -1.0, 2.0], "gamma": 0.7, "softmax": True, "format": "npy"}
+            "/embed",
+            json={"sentences": UNSEEN, "mix": [0.5, -1.0, 2.0], "gamma": 0.7, "softmax": True, "format": "npy"},
         )
         archive = np.load(io.BytesIO(response.content))
         assert response.headers["x-elmo-sources"] == "live,live,live"
@@ -215,7 +217,7 @@ def test_cached_answers_equal_cache_rows(encoder, layered_cache):
     live_want = reference(encoder, UNSEEN)
 
     async def scenario(client):
-        for i, line in enumerate(LINES):
+        for line in LINES:
             row = np.asarray(layered_cache[layered_cache.find(line)])
             for fmt in ("json", "npy", "base64"):
                 response = await client.get("/embed", params={"sentence": f"  {line} ", "format": fmt})
@@ -311,14 +313,26 @@ def test_model_loaded_for_a_cache_encodes_as_the_cache_was_built(tmp_path, tiny_
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
-    options = BuildOptions(output=tmp_path / "c.zarr", options_file=str(tiny_model[0]), weight_file=str(tiny_model[1]),
-                           precision="bf16", initial_state="warm", device="cpu", progress=False)
+    options = BuildOptions(
+        output=tmp_path / "c.zarr",
+        options_file=str(tiny_model[0]),
+        weight_file=str(tiny_model[1]),
+        precision="bf16",
+        initial_state="warm",
+        device="cpu",
+        progress=False,
+    )
     build(corpus, options)
-    encoder, cache = load_resources(Settings(cache_path=tmp_path / "c.zarr", options_file=tiny_model[0], weight_file=tiny_model[1]))
+    encoder, cache = load_resources(
+        Settings(cache_path=tmp_path / "c.zarr", options_file=tiny_model[0], weight_file=tiny_model[1])
+    )
     assert (encoder.precision, encoder.initial_state) == ("bf16", "warm")
     with pytest.raises(InvalidParameterError, match="precision"):
-        load_resources(Settings(cache_path=tmp_path / "c.zarr", options_file=tiny_model[0], weight_file=tiny_model[1],
-                                precision="fp32"))
+        load_resources(
+            Settings(
+                cache_path=tmp_path / "c.zarr", options_file=tiny_model[0], weight_file=tiny_model[1], precision="fp32"
+            )
+        )
     cache.close()
 
 
@@ -342,7 +356,7 @@ def test_concurrent_live_requests_are_batched(encoder):
     sentences = metric(text, "elmo_cache_live_batch_sentences_sum")
     assert sentences == len(lines)
     assert batches < len(lines) and sentences > batches
-    assert metric(text, 'elmo_cache_live_batch_requests_sum') == len(lines)
+    assert metric(text, "elmo_cache_live_batch_requests_sum") == len(lines)
 
 
 def test_full_queue_answers_429_at_once(encoder):

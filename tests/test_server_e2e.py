@@ -61,10 +61,25 @@ def test_serve_over_http(tmp_path, tiny_model):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "ELMO_CACHE_API_KEY": "e2e-key", "ELMO_CACHE_MAX_WAIT_MS": "20"}
     proc = subprocess.Popen(
-        [*_command(), "serve", str(tmp_path / "corpus.h5"), "--options-file", str(tiny_model[0]),
-         "--weight-file", str(tiny_model[1]), "--port", str(port), "--device", "cpu",
-         "--log-level", "warning", "--no-access-log"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            *_command(),
+            "serve",
+            str(tmp_path / "corpus.h5"),
+            "--options-file",
+            str(tiny_model[0]),
+            "--weight-file",
+            str(tiny_model[1]),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         _wait_healthy(proc, url)

@@ -27,7 +27,9 @@ def _metadata(progress: Progress, *, complete: bool, n_unique: int, row_shape: t
         "complete": complete,
         "kind": "layers" if len(row_shape) == 2 else "mix",
         "layers": [1, 2] if len(row_shape) == 2 else None,
-        "mix": None if len(row_shape) == 2 else {"weights": [0.2, 0.3, 0.5], "gamma": 1.0, "raw": None, "softmax": False},
+        "mix": None
+        if len(row_shape) == 2
+        else {"weights": [0.2, 0.3, 0.5], "gamma": 1.0, "raw": None, "softmax": False},
         "dim": DIM,
         "dtype": "float32",
         "n_sentences": progress.lines,
@@ -125,8 +127,12 @@ class StoreContract:
         committed = writer.progress
         resumed = store.writer_class(self.fmt).resume(output, self.layout(), committed)
         # Appended but never committed: a crash loses it, and a resume must not see it.
-        resumed.append(np.ones((3, 2, DIM), np.float32), np.array([99], np.int64), np.array([3], np.int32),
-                       np.array([5], np.uint64))
+        resumed.append(
+            np.ones((3, 2, DIM), np.float32),
+            np.array([99], np.int64),
+            np.array([3], np.int32),
+            np.array([5], np.uint64),
+        )
         resumed.close()
         again = store.writer_class(self.fmt).resume(output, self.layout(), committed)
         rows = committed.rows

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from elmo_cache import Encoder
-from elmo_cache.model.chars import sentence_char_ids, word_char_ids
 from elmo_cache.errors import ElmoCacheError, ModelDownloadError, ModelNotFoundError, OptionsError, WeightFileError
-from elmo_cache.model.random_model import PRESETS, write_random_model
-from elmo_cache.model.weights import weight_shapes
+from elmo_cache.model.chars import sentence_char_ids, word_char_ids
 from elmo_cache.model.hub import PUBLISHED_MODELS
 from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.random_model import PRESETS, write_random_model
+from elmo_cache.model.weights import weight_shapes
 
 
 @pytest.fixture()
@@ -160,7 +160,9 @@ def test_loading_the_original_size_needs_little_more_memory_than_its_weights(tmp
         "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "print((after - before) * 1024)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script, str(options), str(weights)], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(options), str(weights)], capture_output=True, text=True, check=True
+    )
     growth = int(result.stdout.strip())
     size = weights.stat().st_size
     assert size > 350e6
@@ -203,7 +205,10 @@ def test_write_weight_file_round_trips_through_the_loader(tmp_path):
     [
         (lambda d: d.pop("CNN_high_0/b_carry"), r"'CNN_high_0/b_carry' is missing.*\(124,\)"),
         (lambda d: d.__setitem__("softmax/W", np.zeros((3, 3))), "'softmax/W' is not part of the weight file"),
-        (lambda d: d.__setitem__("CNN_proj/W_proj", np.zeros((124, 17))), r"'CNN_proj/W_proj' has shape \(124, 17\).*\(124, 16\)"),
+        (
+            lambda d: d.__setitem__("CNN_proj/W_proj", np.zeros((124, 17))),
+            r"'CNN_proj/W_proj' has shape \(124, 17\).*\(124, 16\)",
+        ),
         (lambda d: d["char_embed"].__setitem__((0, 0), np.inf), "'char_embed' contains NaN or infinite"),
         (lambda d: d.__setitem__("CNN/b_cnn_0", np.zeros(4, dtype=np.int32)), "'CNN/b_cnn_0' has dtype int32"),
     ],

@@ -79,12 +79,17 @@ class BuildSummary:
 
     def __str__(self) -> str:
         if self.already_complete:
-            return (f"{self.path} is already complete ({self.n_sentences:,} sentences, {self.n_tokens:,} tokens); "
-                    "nothing to do (pass --overwrite to rebuild it)")
+            return (
+                f"{self.path} is already complete ({self.n_sentences:,} sentences, {self.n_tokens:,} tokens); "
+                "nothing to do (pass --overwrite to rebuild it)"
+            )
         resumed = f", resumed after line {self.resumed_from:,}" if self.resumed_from else ""
-        return (f"wrote {self.path} ({self.format}): {self.n_sentences:,} sentences, {self.n_tokens:,} tokens, "
-                f"{self.n_rows:,} rows, {self.n_unique:,} distinct sentences, {_human_bytes(self.bytes)} "
-                f"in {self.seconds:.1f} s ({self.tokens_per_s:,.0f} tokens/s{resumed})")
+        return (
+            f"wrote {self.path} ({self.format}): {self.n_sentences:,} sentences, {self.n_tokens:,} tokens, "
+            f"{self.n_rows:,} rows, {self.n_unique:,} distinct sentences, {_human_bytes(self.bytes)} "
+            f"in {self.seconds:.1f} s ({self.tokens_per_s:,.0f} tokens/s{resumed})"
+        )
+
 
 def _human_bytes(n: int) -> str:
     value = float(n)

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -48,8 +48,14 @@ def _load_encoder(options: BuildOptions) -> Any:
     from elmo_cache.encoder import load_encoder
     from elmo_cache.model.hub import BUNDLED
 
-    return load_encoder(options.model or BUNDLED, options.options_file, options.weight_file,
-                        device=options.device, precision=options.precision, initial_state=options.initial_state)
+    return load_encoder(
+        options.model or BUNDLED,
+        options.options_file,
+        options.weight_file,
+        device=options.device,
+        precision=options.precision,
+        initial_state=options.initial_state,
+    )
 
 
 @dataclass
@@ -89,8 +95,14 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event) -> None:
             continue
 
 
-def _read_windows(source: Corpus, start: int, committed: np.ndarray | None, window_tokens: int, output: queue.Queue,
-                  stop: threading.Event) -> None:
+def _read_windows(
+    source: Corpus,
+    start: int,
+    committed: np.ndarray | None,
+    window_tokens: int,
+    output: queue.Queue,
+    stop: threading.Event,
+) -> None:
     """Reader thread: put windows (then None at the end, or the exception that stopped it)."""
     tokens: list[list[str]] = []
     hashes: list[int] = []
@@ -119,14 +131,15 @@ def _read_windows(source: Corpus, start: int, committed: np.ndarray | None, wind
         if read < start:
             raise CacheExistsError(
                 f"{source.name} has {read} lines but the interrupted build already stored {start}; the corpus changed "
-                "since. Pass --overwrite to start over")
+                "since. Pass --overwrite to start over"
+            )
         if tokens:
             _put(output, _make_window(first, tokens, hashes), stop)
             tokens = []
         _put(output, None, stop)
     except _Stop:
         return
-    except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+    except BaseException as exc:
         try:
             if tokens:
                 # Lines before a bad one are kept: nothing readable is lost.
@@ -149,7 +162,8 @@ def _check_prefix(source: Corpus, committed: np.ndarray | None, first: int, hash
         line = first + int(mismatch[0])
         raise CacheExistsError(
             f"{source.name}, line {line + 1}: differs from the line the interrupted build stored; the corpus changed "
-            "since. Pass --overwrite to start over")
+            "since. Pass --overwrite to start over"
+        )
 
 
 class _WriterThread(threading.Thread):
@@ -187,7 +201,7 @@ class _WriterThread(threading.Thread):
                     self.bar.update(len(item.lengths))
                 if time.monotonic() - self._last_commit >= self.commit_seconds:
                     self._commit(False)
-        except BaseException as exc:  # noqa: BLE001 - the main thread raises it
+        except BaseException as exc:
             self.error = exc
             while True:  # unblock the producer; nothing more will be written
                 try:
@@ -250,10 +264,12 @@ class _Encoding:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def build(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None = None, encoder: Any = None) -> BuildSummary:
+def build(
+    corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None = None, encoder: Any = None
+) -> BuildSummary:
     """Encode every line of ``corpus`` and write the cache; returns a :class:`BuildSummary`.
 
     ``corpus``: a path (``-`` for stdin; gzip is detected) or a :class:`~elmo_cache.text.corpus.Corpus`.
@@ -271,7 +287,9 @@ def build(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None 
     if encoder is None:
         encoder = _load_encoder(options)
     elif getattr(encoder, "initial_state", "zero") == "carry":
-        raise InvalidParameterError("encoder: initial_state 'carry' makes vectors depend on batch order; use 'zero' or 'warm'")
+        raise InvalidParameterError(
+            "encoder: initial_state 'carry' makes vectors depend on batch order; use 'zero' or 'warm'"
+        )
     plan = plan.with_model(encoder.output_dim)
     row_shape = plan.row_shape(encoder.output_dim)
     ident = identity(plan, encoder, dedupe=bool(options.dedupe))
@@ -280,11 +298,21 @@ def build(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None 
     action, state = prepare_output(plan, ident, options.overwrite)
     if action == "complete":
         meta = state
-        return BuildSummary(plan.output, plan.format, meta["n_sentences"], meta["n_tokens"], meta["n_rows"], meta["n_unique"],
-                            disk_bytes(plan.output), 0.0, 0.0, already_complete=True)
+        return BuildSummary(
+            plan.output,
+            plan.format,
+            meta["n_sentences"],
+            meta["n_tokens"],
+            meta["n_rows"],
+            meta["n_unique"],
+            disk_bytes(plan.output),
+            0.0,
+            0.0,
+            already_complete=True,
+        )
 
     layout = Layout(plan.format, row_shape, plan.dtype, plan.chunk_rows, plan.compression)
-    build_info = {"args": options_json(options), "input": source.describe()}
+    build_info: dict[str, Any] = {"args": options_json(options), "input": source.describe()}
     cls = writer_class(plan.format)
     try:
         if action == "resume":
@@ -292,7 +320,9 @@ def build(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None 
         else:
             plan.output.parent.mkdir(parents=True, exist_ok=True)
             progress = Progress(identity=ident, started=_now())
-            meta = metadata(ident, progress, complete=False, n_unique=0, build_info={**build_info, "started": progress.started})
+            meta = metadata(
+                ident, progress, complete=False, n_unique=0, build_info={**build_info, "started": progress.started}
+            )
             writer = cls.create(plan.output, layout, progress, meta)
     except OSError as exc:
         raise ElmoCacheError(f"cannot write the build of {plan.output} ({exc})") from None
@@ -303,16 +333,30 @@ def build(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None 
         _run(source, plan, options, encoder, writer, run_start)
 
     hashes, _ = writer.index()
-    build_info.update(started=progress.started, finished=_now(), seconds=round(progress.seconds, 3),
-                      tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None)
+    build_info.update(
+        started=progress.started,
+        finished=_now(),
+        seconds=round(progress.seconds, 3),
+        tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
+    )
     meta = metadata(ident, progress, complete=True, n_unique=len(hashes), build_info=build_info)
     try:
         path = writer.finalize(meta)
     except OSError as exc:
         raise ElmoCacheError(f"cannot finish {plan.output} ({exc}); rerun the same command to retry") from None
     seconds = time.monotonic() - run_start
-    return BuildSummary(path, plan.format, progress.lines, progress.tokens, progress.rows, len(hashes), disk_bytes(path),
-                        seconds, (progress.tokens - tokens_from) / max(seconds, 1e-9), resumed_from=resumed_from)
+    return BuildSummary(
+        path,
+        plan.format,
+        progress.lines,
+        progress.tokens,
+        progress.rows,
+        len(hashes),
+        disk_bytes(path),
+        seconds,
+        (progress.tokens - tokens_from) / max(seconds, 1e-9),
+        resumed_from=resumed_from,
+    )
 
 
 def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer: Writer, run_start: float) -> None:
@@ -323,8 +367,11 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
     committed = writer.hashes.read(progress.lines) if progress.lines else None
     seen = None
     if options.dedupe:
-        seen = SeenSentences.rebuild(np.asarray(committed) if committed is not None else np.empty(0, np.uint64),
-                             np.asarray(writer.offsets.read(progress.lines)), np.asarray(writer.lengths.read(progress.lines)))
+        seen = SeenSentences.rebuild(
+            np.asarray(committed) if committed is not None else np.empty(0, np.uint64),
+            np.asarray(writer.offsets.read(progress.lines)),
+            np.asarray(writer.lengths.read(progress.lines)),
+        )
     encode = _Encoding(encoder, plan, batch_tokens, seen)
 
     bar = None
@@ -332,12 +379,23 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
         from tqdm import tqdm
 
         total = source.count_lines() if source.is_regular_file else None
-        bar = tqdm(total=total, initial=progress.lines, unit=" sent", desc="encoding", file=sys.stderr,
-                   dynamic_ncols=True, smoothing=0.05)
+        bar = tqdm(
+            total=total,
+            initial=progress.lines,
+            unit=" sent",
+            desc="encoding",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
     windows: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
-    reader = threading.Thread(target=_read_windows, name="elmo-cache-reader", daemon=True,
-                              args=(source, progress.lines, committed, batch_tokens * options.window_batches, windows, stop))
+    reader = threading.Thread(
+        target=_read_windows,
+        name="elmo-cache-reader",
+        daemon=True,
+        args=(source, progress.lines, committed, batch_tokens * options.window_batches, windows, stop),
+    )
     writer_thread = _WriterThread(writer, options.commit_seconds, bar, run_start)
     reader.start()
     writer_thread.start()
@@ -358,8 +416,10 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
                     encoded = encode(item, rows)
                 except torch.cuda.OutOfMemoryError:
                     raise ElmoCacheError(
-                        f"the device ran out of memory encoding lines {item.first_line + 1}-{item.first_line + len(item.tokens)}; "
-                        f"rerun with a smaller --batch-tokens (now {batch_tokens}) to resume") from None
+                        f"the device ran out of memory encoding lines {item.first_line + 1}-"
+                        f"{item.first_line + len(item.tokens)}; "
+                        f"rerun with a smaller --batch-tokens (now {batch_tokens}) to resume"
+                    ) from None
                 rows += len(encoded.vectors)
                 while True:  # hand over, unless the writer died
                     if writer_thread.error is not None:
@@ -384,8 +444,10 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
         exc = writer_thread.error
         if isinstance(exc, ElmoCacheError):
             raise exc
-        raise ElmoCacheError(f"writing {writer.staging} failed ({exc}); everything committed before is kept: "
-                             "fix the cause (disk space?) and rerun the same command to resume") from exc
+        raise ElmoCacheError(
+            f"writing {writer.staging} failed ({exc}); everything committed before is kept: "
+            "fix the cause (disk space?) and rerun the same command to resume"
+        ) from exc
     if failure is not None:
         if isinstance(failure, (ElmoCacheError, KeyboardInterrupt)):
             raise failure

@@ -64,10 +64,23 @@ def default_chunk_rows(row_bytes: int) -> int:
         rows *= 2
     return rows
 
+
 # Identity keys: options that change what the cache holds. A cache or interrupted build
 # whose identity differs from the command's cannot be reused.
-IDENTITY_KEYS = ("container", "kind", "layers", "mix", "dim", "dtype", "dedupe", "compression", "chunk_rows", "model",
-                 "tokenization", "sentence_hash")
+IDENTITY_KEYS = (
+    "container",
+    "kind",
+    "layers",
+    "mix",
+    "dim",
+    "dtype",
+    "dedupe",
+    "compression",
+    "chunk_rows",
+    "model",
+    "tokenization",
+    "sentence_hash",
+)
 
 
 def default_output(corpus: str | os.PathLike[str], format: str) -> Path:
@@ -76,6 +89,7 @@ def default_output(corpus: str | os.PathLike[str], format: str) -> Path:
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     stem = Path(name).stem or name
     return path.with_name(stem + (".zarr" if format == "zarr" else ".h5"))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -114,7 +128,9 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     suffix_format = infer_format(options.output) if options.output is not None else None
     if options.format and suffix_format and options.format != suffix_format:
         raise InvalidParameterError(
-            f"format: --format {options.format} contradicts the output suffix {Path(options.output).suffix!r} ({suffix_format})")
+            f"format: --format {options.format} contradicts the output suffix "
+            f"{Path(options.output or '').suffix!r} ({suffix_format})"
+        )
     fmt = options.format or suffix_format or "zarr"
     output = Path(options.output) if options.output is not None else default_output(source.path, fmt)  # type: ignore[arg-type]
     if source.path is not None and output.resolve() == source.path.resolve():
@@ -127,8 +143,10 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         raise InvalidParameterError(f"compression: {compression!r} is not valid; choose from {list(COMPRESSIONS)}")
     if fmt == "hdf5":
         if compression is not None:
-            raise InvalidParameterError("compression: only zarr caches can be compressed; HDF5 datasets stay "
-                                        "contiguous so that readers can memory-map them")
+            raise InvalidParameterError(
+                "compression: only zarr caches can be compressed; HDF5 datasets stay "
+                "contiguous so that readers can memory-map them"
+            )
         if options.chunk_rows is not None:
             raise InvalidParameterError("chunk_rows: only zarr caches are chunked; HDF5 datasets are contiguous")
         chunk_rows = None
@@ -143,8 +161,10 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     if options.precision not in PRECISIONS:
         raise InvalidParameterError(f"precision: {options.precision!r} is not valid; choose from {list(PRECISIONS)}")
     if options.initial_state not in ("zero", "warm"):
-        raise InvalidParameterError(f"initial_state: {options.initial_state!r} is not valid for a build; choose from "
-                                    "['zero', 'warm'] ('carry' makes vectors depend on batch order)")
+        raise InvalidParameterError(
+            f"initial_state: {options.initial_state!r} is not valid for a build; choose from "
+            "['zero', 'warm'] ('carry' makes vectors depend on batch order)"
+        )
     if options.window_batches < 1:
         raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
     if options.commit_seconds < 0:
@@ -156,6 +176,7 @@ def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOption
     """The path ``build(corpus, options)`` will write (validating the options on the way)."""
     source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
     return make_plan(source, options).output
+
 
 def identity(plan: Plan, encoder: Any, *, dedupe: bool) -> dict[str, Any]:
     """What the cache will hold, as compared with an existing cache or an interrupted build at the output."""
@@ -224,34 +245,46 @@ def options_json(options: BuildOptions) -> dict[str, Any]:
         out[f.name] = value
     return out
 
+
 def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool) -> tuple[str, Any]:
-    """Decide what to do about what is already at the output: ("complete", meta), ("resume", progress) or ("fresh", None)."""
+    """Decide what to do about what is already at the output.
+
+    Returns ("complete", meta), ("resume", progress) or ("fresh", None).
+    """
     output = plan.output
     staging = staging_path(output)
     if output.exists() or output.is_symlink():
         meta = read_metadata(output)
-        there = {**meta, "container": "zarr" if output.is_dir() else "hdf5"} if meta else None
         if not overwrite:
             if meta is None:
-                raise CacheExistsError(f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
-                                       "or pass --overwrite to replace it")
+                raise CacheExistsError(
+                    f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
+                    "or pass --overwrite to replace it"
+                )
+            there = {**meta, "container": "zarr" if output.is_dir() else "hdf5"}
             if _comparable(there) != _comparable(identity):
-                raise CacheExistsError(f"{output} was built with other options ({differences(there, identity)}); "
-                                       "pass --overwrite to rebuild it")
+                raise CacheExistsError(
+                    f"{output} was built with other options ({differences(there, identity)}); "
+                    "pass --overwrite to rebuild it"
+                )
             if meta.get("complete") is True:
                 remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
                 if staging.exists():
                     remove_output(staging)
                 return "complete", meta
-            raise CacheExistsError(f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it")
+            raise CacheExistsError(
+                f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
+            )
         remove_output(output)
     if staging.exists():
         progress = None if overwrite else load_progress(output)
         if progress is not None:
             if _comparable(progress.identity) != _comparable(identity):
                 raise CacheExistsError(
-                    f"{staging} holds an interrupted build with other options ({differences(progress.identity, identity)}); "
-                    "rerun it with its own options to resume it, or pass --overwrite to discard it")
+                    f"{staging} holds an interrupted build with other options "
+                    f"({differences(progress.identity, identity)}); "
+                    "rerun it with its own options to resume it, or pass --overwrite to discard it"
+                )
             return "resume", progress
         remove_output(staging)
     return "fresh", None

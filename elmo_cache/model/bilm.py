@@ -66,7 +66,9 @@ class BiLM:
         self.highways = [(wc.to(cd), bc, wt.to(cd), bt) for wc, bc, wt, bt in weights.highways]
         self.proj_weight = weights.proj_weight.to(cd)
         self.proj_bias = weights.proj_bias
-        self.lstm = [(layer.w_input.to(cd), layer.w_hidden.to(cd), layer.bias, layer.w_proj.to(cd)) for layer in weights.lstm]
+        self.lstm = [
+            (layer.w_input.to(cd), layer.w_hidden.to(cd), layer.bias, layer.w_proj.to(cd)) for layer in weights.lstm
+        ]
         self.activation = torch.relu if options.activation == "relu" else torch.tanh
         # The LSTM cell's element-wise work compiled into one kernel, or None for eager (set by the encoder).
         self._fused_cell: FusedCell | None = None
@@ -86,10 +88,12 @@ class BiLM:
         self.char_embed = self.char_embed.to(device)
         self.conv_weights = [w.to(device) for w in self.conv_weights]
         self.conv_biases = [b.to(device) for b in self.conv_biases]
-        self.highways = [tuple(t.to(device) for t in h) for h in self.highways]
+        self.highways = [
+            (wc.to(device), bc.to(device), wt.to(device), bt.to(device)) for wc, bc, wt, bt in self.highways
+        ]
         self.proj_weight = self.proj_weight.to(device)
         self.proj_bias = self.proj_bias.to(device)
-        self.lstm = [tuple(t.to(device) for t in layer) for layer in self.lstm]
+        self.lstm = [(wi.to(device), wh.to(device), b.to(device), wp.to(device)) for wi, wh, b, wp in self.lstm]
         return self
 
     # ---------------------------------------------------------------- char-CNN
@@ -159,7 +163,7 @@ class BiLM:
         out = torch.empty_like(x)
         bias3 = bias.unsqueeze(1).to(cd)
         x_cd = x.to(cd)
-        gates_x = None
+        gates_x = x_cd[:, :0]  # replaced at step 0: every layer starts a chunk there
         chunk_end_step = 0
         chunk_row0 = 0
         h_prev = h.to(cd)
@@ -228,11 +232,12 @@ class FusedCell:
         if self.failed:
             return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
         if self._compiled is None:
-            self._compiled = torch.compile(_lstm_cell, dynamic=True, recompile_limit=64)
+            # recompile_limit exists at run time but not in torch's overload stubs.
+            self._compiled = torch.compile(_lstm_cell, dynamic=True, recompile_limit=64)  # type: ignore[call-overload]
         try:
             result: tuple[torch.Tensor, torch.Tensor] = self._compiled(gates_x, row0, gates_h, c_prev, cell_clip)
             return result
-        except Exception as exc:  # noqa: BLE001 - any backend failure means "use eager"
+        except Exception as exc:
             self.failed = True
             warnings.warn(
                 f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ class ModelOptions:
         return options
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ModelOptions:
+    def from_file(cls, path: str | os.PathLike[str]) -> ModelOptions:
         """Read and validate an ``options.json``."""
         path = Path(path)
         if not path.is_file():
@@ -118,9 +119,7 @@ class ModelOptions:
 
     def _validate(self, source: str) -> None:
         if self.activation not in _ACTIVATIONS:
-            raise OptionsError(
-                f"{source}: char_cnn.activation {self.activation!r} is not one of {list(_ACTIVATIONS)}"
-            )
+            raise OptionsError(f"{source}: char_cnn.activation {self.activation!r} is not one of {list(_ACTIVATIONS)}")
         if self.n_characters != 262:
             raise OptionsError(
                 f"{source}: char_cnn.n_characters is {self.n_characters}; ELMo's character ids "

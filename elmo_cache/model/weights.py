@@ -97,7 +97,7 @@ def weight_shapes(options: ModelOptions) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_weight_file(path: str | Path, options: ModelOptions, datasets: Mapping[str, np.ndarray]) -> Path:
+def write_weight_file(path: str | os.PathLike[str], options: ModelOptions, datasets: Mapping[str, np.ndarray]) -> Path:
     """Write ``datasets`` as an official ELMo weight file for ``options`` (float32, TF orientation).
 
     Every name of :func:`weight_shapes` must be there with its shape and finite values, and no
@@ -108,17 +108,23 @@ def write_weight_file(path: str | Path, options: ModelOptions, datasets: Mapping
     shapes = weight_shapes(options)
     missing = [name for name in shapes if name not in datasets]
     if missing:
-        raise WeightFileError(f"{path}: dataset {missing[0]!r} is missing (expected shape {shapes[missing[0]]}); "
-                              f"{len(missing)} missing in all")
+        raise WeightFileError(
+            f"{path}: dataset {missing[0]!r} is missing (expected shape {shapes[missing[0]]}); "
+            f"{len(missing)} missing in all"
+        )
     extra = sorted(name for name in datasets if name not in shapes)
     if extra:
-        raise WeightFileError(f"{path}: dataset {extra[0]!r} is not part of the weight file these options describe; "
-                              f"expected only {sorted(shapes)}")
+        raise WeightFileError(
+            f"{path}: dataset {extra[0]!r} is not part of the weight file these options describe; "
+            f"expected only {sorted(shapes)}"
+        )
     arrays: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
         array = np.asarray(datasets[name])
         if tuple(array.shape) != shape:
-            raise WeightFileError(f"{path}: dataset {name!r} has shape {tuple(array.shape)} but the options imply {shape}")
+            raise WeightFileError(
+                f"{path}: dataset {name!r} has shape {tuple(array.shape)} but the options imply {shape}"
+            )
         if not np.issubdtype(array.dtype, np.floating):
             raise WeightFileError(f"{path}: dataset {name!r} has dtype {array.dtype}, expected floating point")
         if not np.isfinite(array).all():
@@ -207,7 +213,9 @@ def _load_lstm_layer(reader: _Reader, options: ModelOptions, layer: int) -> Lstm
     return LstmWeights(w_input=w_input, w_hidden=w_hidden, bias=bias, w_proj=w_proj)
 
 
-def load_weights(path: str | Path, options: ModelOptions, *, options_source: str = "the options") -> ElmoWeights:
+def load_weights(
+    path: str | os.PathLike[str], options: ModelOptions, *, options_source: str = "the options"
+) -> ElmoWeights:
     """Read every dataset the options call for from an ELMo weight HDF5 file."""
     path = Path(path)
     if not path.is_file():
@@ -257,7 +265,9 @@ def load_weights(path: str | Path, options: ModelOptions, *, options_source: str
 
         lstm = [_load_lstm_layer(reader, options, layer) for layer in range(options.n_layers)]
         if f"RNN_0/RNN/MultiRNNCell/Cell{options.n_layers}" in handle:
-            raise WeightFileError(f"{path}: has more LSTM layers than {options_source} says (n_layers={options.n_layers})")
+            raise WeightFileError(
+                f"{path}: has more LSTM layers than {options_source} says (n_layers={options.n_layers})"
+            )
     return ElmoWeights(
         char_embed=char_embed,
         convolutions=convolutions,

@@ -21,8 +21,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from elmo_cache.errors import CacheExistsError, CacheFormatError, CacheNotFoundError, IncompleteCacheError
-from elmo_cache.errors import InvalidParameterError
+from elmo_cache.errors import (
+    CacheExistsError,
+    CacheFormatError,
+    CacheNotFoundError,
+    IncompleteCacheError,
+    InvalidParameterError,
+)
 from elmo_cache.store import hdf5, zarr
 from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
 from elmo_cache.store.format import BUILD_DIR, FORMATS, STAGING_SUFFIX, ZARR_JSON, infer_format, staging_path

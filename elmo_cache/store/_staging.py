@@ -14,7 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -101,7 +101,12 @@ class RawColumn:
         self.dtype = np.dtype(dtype)
         self.item_shape = item_shape
         self.item_bytes = int(np.prod(item_shape, dtype=np.int64)) * self.dtype.itemsize
-        self._file = None
+        self._file: BinaryIO | None = None
+
+    def _handle(self) -> BinaryIO:
+        if self._file is None:
+            raise ValueError(f"{self.path}: not open")
+        return self._file
 
     def open(self, committed_items: int) -> None:
         """Open for appending after cutting the file back to ``committed_items``."""
@@ -113,18 +118,19 @@ class RawColumn:
         size = self.path.stat().st_size
         if size < want:
             raise CacheFormatError(f"{self.path}: {size} bytes on disk but {want} were committed; staging is damaged")
-        self._file = open(self.path, "r+b")
-        self._file.truncate(want)
-        self._file.seek(want)
+        handle = self._file = open(self.path, "r+b")  # noqa: SIM115 - held open across appends until close()
+        handle.truncate(want)
+        handle.seek(want)
 
     def append(self, data: np.ndarray) -> None:
         array = np.ascontiguousarray(data, dtype=self.dtype)
         if array.size:
-            self._file.write(memoryview(array).cast("B"))
+            self._handle().write(array.data.cast("B"))
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        handle = self._handle()
+        handle.flush()
+        os.fsync(handle.fileno())
 
     def close(self) -> None:
         if self._file is not None:
@@ -242,7 +248,12 @@ class Writer:
     def small_arrays(self) -> dict[str, np.ndarray]:
         n = self.progress.lines
         hashes, rows = self.index()
-        return {"offsets": self.offsets.read(n), "lengths": self.lengths.read(n), "index/hashes": hashes, "index/rows": rows}
+        return {
+            "offsets": self.offsets.read(n),
+            "lengths": self.lengths.read(n),
+            "index/hashes": hashes,
+            "index/rows": rows,
+        }
 
     def remove_staging(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)

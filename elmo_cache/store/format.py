@@ -8,6 +8,7 @@ change of this module and FORMAT.md, nowhere else.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,7 @@ def staging_path(output: Path) -> Path:
     return output.with_name(output.name + STAGING_SUFFIX)
 
 
-def infer_format(path: str | Path) -> str | None:
+def infer_format(path: str | os.PathLike[str]) -> str | None:
     """The container a path's suffix asks for (``.zarr``, ``.h5``/``.hdf5``), or None."""
     return SUFFIXES.get(Path(path).suffix.lower())
 

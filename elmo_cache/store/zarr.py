@@ -22,11 +22,12 @@ reads, one decoded chunk at a time, with a few decoded chunks kept (bounded by b
 that sequential reads decode each chunk once. Random reads of a compressed cache decode a
 whole chunk per sentence: that is the price of compression, which saves little on floats.
 
-Writing. Vectors go straight into the final chunk files while the build runs. The staging folder ``<output>.partial/`` *is* the zarr group being built. Full chunks of
-``vectors`` are written as soon as their rows exist, so finishing a build never copies
-the vectors again (at several KB per token that copy would cost as much as a slow encoder);
-the rows of the last, incomplete chunk wait in a small ``tail-N.bin`` file that each commit
-rewrites (at most one chunk). Finishing writes the per-sentence arrays and the index, sets
+Writing. Vectors go straight into the final chunk files while the build runs. The staging
+folder ``<output>.partial/`` *is* the zarr group being built. Full chunks of ``vectors`` are
+written as soon as their rows exist, so finishing a build never copies the vectors again (at
+several KB per token that copy would cost as much as a slow encoder); the rows of the last,
+incomplete chunk wait in a small ``tail-N.bin`` file that each commit rewrites (at most one
+chunk). Finishing writes the per-sentence arrays and the index, sets
 ``complete: true`` and renames the folder to the output, so the output path only ever holds
 a finished cache.
 """
@@ -148,7 +149,7 @@ class ChunkedArray:
             if step != 1:
                 return np.stack([self[i] for i in range(start, stop, step)]) if start != stop else self._empty()
             return self._rows(start, stop)
-        if isinstance(key, np.ndarray) or isinstance(key, (list, tuple)):
+        if isinstance(key, (np.ndarray, list, tuple)):
             idx = np.asarray(key, dtype=np.int64).reshape(-1)
             if idx.size == 0:
                 return self._empty()
@@ -199,7 +200,16 @@ class ChunkedArray:
 class MappedChunks(ChunkedArray):
     """Uncompressed zarr chunk files, each mapped with numpy.memmap on first use (LRU-bounded)."""
 
-    def __init__(self, name, shape, dtype, chunk_rows, directory: Path, key, fill_value):
+    def __init__(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        chunk_rows: int,
+        directory: Path,
+        key: Callable[[int, int], str],
+        fill_value: Any,
+    ):
         super().__init__(name, shape, dtype, chunk_rows)
         self._directory = directory
         self._key = key
@@ -245,7 +255,7 @@ class MappedChunks(ChunkedArray):
 class DecodedChunks(ChunkedArray):
     """Compressed (or otherwise non-raw) zarr arrays: zarr decodes, we keep a few decoded chunks."""
 
-    def __init__(self, name, shape, dtype, chunk_rows, array):
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int, array: Any):
         super().__init__(name, shape, dtype, chunk_rows)
         self._array = array
         row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
@@ -265,17 +275,17 @@ class DecodedChunks(ChunkedArray):
         return block
 
 
-def _chunk_key(encoding: dict[str, Any], where: Path):
+def _chunk_key(encoding: dict[str, Any], where: Path) -> Callable[[int, int], str]:
     name = encoding.get("name", "default")
-    separator = (encoding.get("configuration") or {}).get("separator")
+    configured: str | None = (encoding.get("configuration") or {}).get("separator")
     if name == "default":
-        separator = separator or "/"
+        separator = configured or "/"
 
         def key(c: int, ndim: int) -> str:
             return separator.join(["c", str(c), *("0" * (ndim - 1))])
 
     elif name == "v2":
-        separator = separator or "."
+        separator = configured or "."
 
         def key(c: int, ndim: int) -> str:
             return separator.join([str(c), *("0" * (ndim - 1))])
@@ -337,7 +347,9 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
         endian = (codecs[0].get("configuration") or {}).get("endian", "little")
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
         key = _chunk_key(meta.get("chunk_key_encoding") or {}, root / name)
-        return MappedChunks(name, shape, dtype, chunk_shape[0], directory, key, _fill_value(meta.get("fill_value"), dtype))
+        return MappedChunks(
+            name, shape, dtype, chunk_shape[0], directory, key, _fill_value(meta.get("fill_value"), dtype)
+        )
     import zarr  # only compressed caches pay for importing zarr
 
     try:
@@ -351,7 +363,9 @@ def open_arrays(root: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, Chun
     """Raw metadata attribute and the arrays ``names`` (None where missing) of a zarr cache."""
     group = _read_json(root / ZARR_JSON, "the root group")
     if group.get("node_type") != "group":
-        raise CacheFormatError(f"{root}: zarr.json describes a {group.get('node_type')!r}, not a group; not an elmo-cache store")
+        raise CacheFormatError(
+            f"{root}: zarr.json describes a {group.get('node_type')!r}, not a group; not an elmo-cache store"
+        )
     attributes = group.get("attributes") or {}
     return attributes.get(META_KEY), {name: _open_array(root, name) for name in names}
 
@@ -381,7 +395,7 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
 
 
 def _compressor(name: str | None, itemsize: int) -> Any:
-    import zarr
+    import zarr.codecs
 
     if name is None:
         return None
@@ -400,6 +414,7 @@ class ZarrWriter(Writer):
 
     def __init__(self, output: Path, layout: Layout, progress: Progress):
         super().__init__(output, layout, progress)
+        assert layout.chunk_rows is not None, "a zarr layout carries chunk_rows (the build plan fills it)"
         self.chunk_rows = int(layout.chunk_rows)
         self._array: Any = None
         self._tail = np.empty((0, *layout.row_shape), dtype=layout.dtype)
@@ -435,7 +450,9 @@ class ZarrWriter(Writer):
         try:
             self._array = zarr.open_array(store=str(self.staging), path="vectors", mode="r+")
         except Exception as exc:  # zarr raises many types for unreadable metadata
-            raise CacheFormatError(f"{self.staging}: cannot reopen the vectors being built ({exc}); rerun with --overwrite") from None
+            raise CacheFormatError(
+                f"{self.staging}: cannot reopen the vectors being built ({exc}); rerun with --overwrite"
+            ) from None
         rows = self.progress.rows
         self._full_rows = rows // self.chunk_rows * self.chunk_rows
         self._synced_chunks = self._full_rows // self.chunk_rows
@@ -453,7 +470,9 @@ class ZarrWriter(Writer):
             path = self.build_dir / str(name)
             expected = tail_rows * self.layout.row_bytes
             if not name or not path.is_file() or path.stat().st_size != expected:
-                raise CacheFormatError(f"{path}: the committed tail of the vectors is missing or damaged; rerun with --overwrite")
+                raise CacheFormatError(
+                    f"{path}: the committed tail of the vectors is missing or damaged; rerun with --overwrite"
+                )
             self._tail = np.fromfile(path, dtype=self.layout.dtype).reshape(tail_rows, *self.layout.row_shape)
 
     def _set_rows(self, rows: int) -> None:

@@ -61,7 +61,9 @@ class Corpus:
     both may skip a prefix (``start``) without decoding it, which is how a build resumes.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, errors: str = "strict", max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, errors: str = "strict", max_line_bytes: int = MAX_LINE_BYTES
+    ) -> None:
         if errors not in ERRORS:
             raise InvalidParameterError(f"errors: {errors!r} is not valid; choose from {list(ERRORS)}")
         self.errors = errors
@@ -106,7 +108,7 @@ class Corpus:
             self._used_stdin = True
             raw: BinaryIO = sys.stdin.buffer
             if not isinstance(raw, io.BufferedReader):
-                raw = io.BufferedReader(raw)  # type: ignore[arg-type]
+                raw = io.BufferedReader(raw)  # type: ignore[type-var]
             magic = raw.peek(2)[:2]
         else:
             try:

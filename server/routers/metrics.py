@@ -18,9 +18,13 @@ router = APIRouter(tags=["metrics"])  # create_app adds the API-key check when o
     "/metrics",
     summary="Prometheus metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
-                     "description": "requests, latencies, cache hits/misses, live batch sizes, queue depth"},
-               **error_responses(401)},
+    responses={
+        200: {
+            "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+            "description": "requests, latencies, cache hits/misses, live batch sizes, queue depth",
+        },
+        **error_responses(401),
+    },
 )
 async def metrics(metrics: MetricsDep) -> Response:
     """Counters and histograms in the Prometheus text format (scrape with a bearer token when one is set)."""
