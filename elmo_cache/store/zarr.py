@@ -564,7 +564,7 @@ class ZarrWriter(Writer):
                 fsync_path(Path(directory) / file)
         # complete=true is the last write into the group; the rename then publishes it whole.
         group.attrs[META_KEY] = metadata
-        fsync_path(self.staging / "zarr.json")
+        fsync_path(self.staging / ZARR_JSON)
         self.close()
         os.rename(self.staging, self.output)
         fsync_path(self.output.parent, directory=True)

@@ -13,9 +13,6 @@ from collections.abc import Sequence
 
 __all__ = ["tokenize", "sentence_key", "sentence_hash"]
 
-TOKENIZATION = "whitespace"
-"""Recorded in cache metadata so readers know how keys were formed."""
-
 
 def tokenize(sentence: str) -> list[str]:
     """Split a sentence on runs of whitespace (``str.split()``), dropping a leading BOM."""
