@@ -34,10 +34,21 @@ def _register() -> None:
     from elmo_cache.cli.build import build_command
     from elmo_cache.cli.export import export_command
     from elmo_cache.cli.info import info_command
+    from elmo_cache.cli.perplexity import perplexity_command
     from elmo_cache.cli.serve import serve_command
+    from elmo_cache.cli.train import train_command
     from elmo_cache.cli.verify import verify_command
 
-    for command in (build_command, info_command, verify_command, export_command, serve_command):
+    commands = (
+        build_command,
+        info_command,
+        verify_command,
+        export_command,
+        serve_command,
+        train_command,
+        perplexity_command,
+    )
+    for command in commands:
         cli.add_command(command)
 
 

@@ -1,0 +1,114 @@
+"""``elmo-cache train``: pretrain a biLM into a model directory (thin wrapper over elmo_cache.train)."""
+
+from __future__ import annotations
+
+import click
+
+from elmo_cache.train.presets import TRAIN_PRESETS
+
+__all__ = ["train_command"]
+
+_EPILOG = """\b
+Writes MODEL_DIR/options.json + weights.hdf5 (the bilm-tf layout: `elmo-cache build
+--model MODEL_DIR` and allennlp's Elmo read them), vocab.txt + softmax.hdf5 (for
+`elmo-cache perplexity` or further training) and checkpoint.pt. Interrupted (Ctrl-C,
+kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
+--epochs to continue a finished run.
+"""
+
+
+@click.command("train", epilog=_EPILOG)
+@click.argument("corpus", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False), help="Model directory.")
+@click.option(
+    "--preset",
+    default="base",
+    show_default=True,
+    type=click.Choice(list(TRAIN_PRESETS)),
+    help="Model size (base: ~3M parameters, 256-d vectors).",
+)
+@click.option(
+    "--options",
+    "options_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="An options.json (bilm-tf schema) instead of a preset.",
+)
+@click.option(
+    "--vocab",
+    "vocab_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Use this vocab.txt (first lines <S>, </S>, <UNK>) instead of building one.",
+)
+@click.option("--min-count", type=int, default=3, show_default=True, help="Rarer words are <UNK> as targets.")
+@click.option("--max-vocab", type=int, default=None, help="At most this many softmax words.")
+@click.option("--epochs", type=int, default=10, show_default=True, help="Passes over the corpus.")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps in total.")
+@click.option("--time-limit", type=float, default=None, help="Stop after this many minutes (checkpointed).")
+@click.option("--batch-size", type=int, default=128, show_default=True, help="Parallel rows of the text stream.")
+@click.option("--unroll", type=int, default=20, show_default=True, help="Steps of back-propagation through time.")
+@click.option("--num-sampled", type=int, default=8192, show_default=True, help="Negative samples of the softmax.")
+@click.option("--dropout", type=float, default=0.1, show_default=True)
+@click.option("--learning-rate", type=float, default=0.2, show_default=True, help="Adagrad learning rate.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--checkpoint-minutes", type=float, default=5.0, show_default=True)
+@click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available.")
+@click.option("--threads", type=int, default=None, help="CPU threads for torch.")
+@click.option("--overwrite", is_flag=True, help="Start over even if MODEL_DIR holds a run with other settings.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def train_command(
+    corpus,
+    output,
+    preset,
+    options_file,
+    vocab_file,
+    min_count,
+    max_vocab,
+    epochs,
+    max_steps,
+    time_limit,
+    batch_size,
+    unroll,
+    num_sampled,
+    dropout,
+    learning_rate,
+    seed,
+    checkpoint_minutes,
+    device,
+    threads,
+    overwrite,
+    no_progress,
+):
+    """Pretrain an ELMo biLM on CORPUS (one sentence per line, whitespace tokens) the way bilm-tf does."""
+    from elmo_cache.train import TrainOptions, train
+
+    options = TrainOptions(
+        preset=preset,
+        options_file=options_file,
+        vocab_file=vocab_file,
+        min_count=min_count,
+        max_vocab=max_vocab,
+        epochs=epochs,
+        max_steps=max_steps,
+        time_limit=None if time_limit is None else time_limit * 60.0,
+        batch_size=batch_size,
+        unroll=unroll,
+        num_sampled=num_sampled,
+        dropout=dropout,
+        learning_rate=learning_rate,
+        seed=seed,
+        checkpoint_seconds=checkpoint_minutes * 60.0,
+        device=device,
+        threads=threads,
+        overwrite=overwrite,
+        progress=not no_progress,
+    )
+    result = train(corpus, output, options)
+    state = "finished" if result.finished else "stopped (run the same command to continue)"
+    resumed = f", resumed at step {result.resumed_from_step}" if result.resumed_from_step else ""
+    loss = "n/a" if result.loss is None else f"{result.loss:.4f}"
+    click.echo(
+        f"{state}: {result.output} after {result.steps} steps{resumed}, {result.tokens:,} tokens, "
+        f"{result.tokens_per_second:,.0f} tokens/s, last sampled loss {loss}"
+    )

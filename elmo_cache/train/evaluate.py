@@ -1,0 +1,128 @@
+"""Full-softmax perplexity of a trained model directory on a text (``elmo-cache perplexity``).
+
+Every sentence of n tokens counts n + 1 predictions per direction: the forward model
+predicts its tokens and ``</S>`` from ``<S>``, the backward one its tokens reversed and
+``<S>`` from ``</S>``. That is what an n-gram model scores, so the figures compare.
+
+Two ways to read the text:
+
+* ``stream`` (default; how bilm-tf evaluates): the text in file order, the LSTM state
+  carried from sentence to sentence, as in training.
+* ``sentence``: every sentence alone from the zero state, as the Encoder runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.train.data import StreamBatch, TokenizedCorpus
+from elmo_cache.train.files import load_trained_model
+from elmo_cache.train.softmax import full_softmax_loss
+from elmo_cache.train.vocab import BOS, EOS
+
+__all__ = ["PerplexityResult", "perplexity", "MODES"]
+
+MODES = ("stream", "sentence")
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """Perplexities of one evaluation; ``mean`` is exp of the two directions' mean loss."""
+
+    forward: float
+    backward: float
+    mean: float
+    # Predictions scored per direction (tokens + one sentence end per sentence).
+    predictions: int
+    sentences: int
+    tokens: int
+    # Share of tokens outside the vocabulary (scored as <UNK>).
+    oov_rate: float
+    mode: str
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return dict(self.__dict__)
+
+
+@torch.no_grad()
+def perplexity(
+    model_dir: str | os.PathLike[str],
+    text: str | os.PathLike[str],
+    *,
+    mode: str = "stream",
+    batch_size: int = 32,
+    unroll: int = 20,
+    device: str | None = None,
+) -> PerplexityResult:
+    """Perplexity of the biLM in ``model_dir`` on ``text`` (one sentence per line), full softmax."""
+    from elmo_cache.train.trainer import _resolve_device
+
+    if mode not in MODES:
+        raise InvalidParameterError(f"mode: {mode!r} is not one of {list(MODES)}")
+    if batch_size < 1 or unroll < 1:
+        raise InvalidParameterError("batch_size and unroll must be >= 1")
+    resolved = _resolve_device(device)
+    model, vocab = load_trained_model(model_dir)
+    model.to(resolved)
+    data = TokenizedCorpus.from_file(text, vocab, model.options.max_characters_per_token)
+    char_table = torch.from_numpy(data.char_ids).to(device=resolved, dtype=torch.int32)
+    nll = np.zeros(2)
+    counted = np.zeros(2)
+    batches = data.evaluation_batches(batch_size, unroll) if mode == "stream" else _sentence_batches(data, batch_size)
+    state = None
+    for batch in batches:
+        inputs = torch.from_numpy(batch.inputs).to(device=resolved, dtype=torch.int64)
+        if mode == "sentence" or state is None:
+            state = model.zero_state(inputs.shape[1], resolved)
+        _, outputs, state = model(inputs, char_table, state)
+        top = outputs[-1]
+        losses = full_softmax_loss(
+            top.reshape(-1, top.shape[-1]),
+            torch.from_numpy(batch.targets).to(resolved).reshape(-1),
+            model.softmax_weight,
+            model.softmax_bias,
+        ).view(2, -1)
+        weights = torch.from_numpy(batch.weights).to(resolved).view(2, -1)
+        nll += (losses * weights).sum(1).double().cpu().numpy()
+        counted += weights.sum(1).double().cpu().numpy()
+    forward, backward = (nll / np.maximum(counted, 1)).tolist()
+    return PerplexityResult(
+        forward=math.exp(forward),
+        backward=math.exp(backward),
+        mean=math.exp((forward + backward) / 2),
+        predictions=int(counted[0]),
+        sentences=data.n_sentences,
+        tokens=data.n_tokens,
+        oov_rate=data.oov_rate(),
+        mode=mode,
+    )
+
+
+def _sentence_batches(data: TokenizedCorpus, batch_size: int) -> Iterator[StreamBatch]:
+    """Sentences of similar length padded into batches; padding comes after each sentence's end,
+    so (the LSTM being causal) it never changes a counted prediction."""
+    bos, eos = data.vocab.id(BOS), data.vocab.id(EOS)
+    order = np.argsort(-data.lengths, kind="stable")
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        width = int(data.lengths[chosen[0]]) + 1
+        inputs = np.zeros((2, len(chosen), width), dtype=np.int64)
+        targets = np.zeros_like(inputs)
+        weights = np.zeros(inputs.shape, dtype=np.float32)
+        for row, i in enumerate(chosen):
+            tokens = data.tokens[data.offsets[i] : data.offsets[i + 1]]
+            n = len(tokens)
+            words = data.type_to_target[tokens]
+            inputs[0, row, : n + 1] = np.concatenate([[bos], tokens])
+            targets[0, row, : n + 1] = np.concatenate([words, [eos]])
+            inputs[1, row, : n + 1] = np.concatenate([[eos], tokens[::-1]])
+            targets[1, row, : n + 1] = np.concatenate([words[::-1], [bos]])
+            weights[:, row, : n + 1] = 1.0
+        yield StreamBatch(inputs, targets, weights)
