@@ -24,6 +24,7 @@ from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import load_weights, weight_shapes
 from elmo_cache.train import TrainOptions, perplexity, train
 from elmo_cache.train.bilm import TrainableBiLM, _by_length
+from elmo_cache.train.data import TokenizedCorpus
 from elmo_cache.train.files import load_trained_model
 from elmo_cache.train.softmax import LogUniformSampler, _SampledSoftmax
 from elmo_cache.train.vocab import Vocabulary
@@ -223,6 +224,21 @@ def test_uniform_softmax_has_perplexity_equal_to_the_vocabulary_size(tmp_path, t
         assert result.predictions == result.tokens + result.sentences
 
 
+def test_evaluation_reads_every_prediction_once_in_rows_that_start_sentences(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("a b c\nd e\nf\ng h i j\nk\n")
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", *"abcdefghijk"])
+    data = TokenizedCorpus.from_file(text, vocab)
+    for batch_size in (1, 2, 3, 50):
+        counted = 0.0
+        batches = list(data.evaluation_batches(batch_size, unroll=3))
+        first = batches[0].inputs
+        assert (first[0, :, 0] == vocab.id("<S>")).all() and (first[1, :, 0] == vocab.id("</S>")).all()
+        for batch in batches:
+            counted += batch.weights.sum()
+        assert counted == 2 * (data.n_tokens + data.n_sentences)
+
+
 def test_log_uniform_sampler_draws_distinct_ids_with_the_right_frequencies():
     sampler = LogUniformSampler(vocab_size=1000, num_sampled=50, seed=3)
     hits = np.zeros(1000)
@@ -277,6 +293,10 @@ def test_bad_input_gives_clear_errors(tmp_path, corpus):
     not_utf8.write_bytes(b"ok line\ncaf\xe9 au lait\n")
     with pytest.raises(CorpusError, match="line 2"):
         train(not_utf8, tmp_path / "c", TINY)
+    with pytest.raises(CorpusError, match="corpus not found"):
+        train(tmp_path / "missing.txt", tmp_path / "e", TINY)
+    with pytest.raises(InvalidParameterError, match="preset"):
+        train(corpus, tmp_path / "f", replace(TINY, preset="huge"))
     with pytest.raises(InvalidParameterError, match="dropout"):
         train(corpus, tmp_path / "d", replace(TINY, dropout=1.5))
 

@@ -17,35 +17,28 @@ so that a vocabulary word's type id equals its target id.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from elmo_cache.errors import CorpusError
 from elmo_cache.model.chars import word_char_ids
+from elmo_cache.text.corpus import Corpus
 from elmo_cache.train.vocab import BOS, EOS, Vocabulary
 
 __all__ = ["TokenizedCorpus", "StreamBatch", "read_sentences", "file_sha256"]
 
 
 def read_sentences(path: str | os.PathLike[str]) -> Iterator[list[str]]:
-    """Whitespace-tokenised lines of a UTF-8 text file (empty lines are skipped: they hold no tokens)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"training text not found: {path}")
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise CorpusError(f"{path}, line {number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-            tokens = line.split()
-            if tokens:
-                yield tokens
+    """Token lists of a corpus file (gzip read transparently; errors name the line), skipping
+    empty lines: they hold nothing to predict."""
+    for _, tokens in Corpus(path).sentences():
+        if tokens:
+            yield tokens
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -160,18 +153,27 @@ class TokenizedCorpus:
             yield StreamBatch(inputs.copy(), targets, _counted(targets, bos, eos))
 
     def evaluation_batches(self, batch_size: int, unroll: int) -> Iterator[StreamBatch]:
-        """The text in file order, cut into ``batch_size`` contiguous rows and read to the end."""
+        """The text in file order, cut into at most ``batch_size`` rows that each begin at a sentence
+        start (as bilm-tf's rows do: an LSTM started from zeros in mid-sentence is off its training
+        distribution, and can stay there for hundreds of tokens), read to the end."""
         forward, backward = self.streams()
-        # Rows overlap by one slot, so each slot but the very first is a target exactly once.
-        batch_size = max(1, min(batch_size, (len(forward) - 1) // unroll))
-        rows = -(-(len(forward) - 1) // batch_size)
-        padded = np.full((2, batch_size * rows + 1), -1, dtype=np.int64)
-        padded[0, : len(forward)] = forward
-        padded[1, : len(backward)] = backward
-        starts = np.arange(batch_size) * rows
-        both = padded[:, starts[:, None] + np.arange(rows + 1)]
+        sentence_starts = np.zeros(self.n_sentences, dtype=np.int64)
+        np.cumsum(self.lengths[:-1] + 2, out=sentence_starts[1:])
+        wanted = np.arange(batch_size) * len(forward) // batch_size
+        cuts = np.unique(
+            sentence_starts[np.searchsorted(sentence_starts, wanted, side="left").clip(max=len(sentence_starts) - 1)]
+        )
+        bounds = np.append(cuts, len(forward))
+        width = int(np.max(np.diff(bounds)))
+        # Each row also holds the first slot of the next row, so every slot but the very first is
+        # a target exactly once; -1 pads the shorter rows.
+        both = np.full((2, len(cuts), width + 1), -1, dtype=np.int64)
+        for row, (a, b) in enumerate(itertools.pairwise(bounds)):
+            stop = min(b + 1, len(forward))
+            both[0, row, : stop - a] = forward[a:stop]
+            both[1, row, : stop - a] = backward[a:stop]
         bos, eos = self.vocab.id(BOS), self.vocab.id(EOS)
-        for k in range(0, rows, unroll):
+        for k in range(0, width, unroll):
             window = both[:, :, k : k + unroll + 1]
             inputs = np.maximum(window[:, :, :-1], 0)
             next_ids = window[:, :, 1:]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from elmo_cache.errors import CacheExistsError, InvalidParameterError
+from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.data import TokenizedCorpus, count_tokens, file_sha256
@@ -162,6 +162,8 @@ def train(
     device = _resolve_device(options.device)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
+    if not Path(corpus).is_file():
+        raise CorpusError(f"training corpus not found (a file is needed: training reads it every epoch): {corpus}")
     model_options = _model_options(options)
     corpus_sha = file_sha256(corpus)
     fingerprint = {**options.fixed(), "model": model_options.to_dict(), "corpus_sha256": corpus_sha}
