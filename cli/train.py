@@ -41,6 +41,12 @@ kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
     default=None,
     help="Use this vocab.txt (first lines <S>, </S>, <UNK>) instead of building one.",
 )
+@click.option(
+    "--init-from",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Start from a trained model directory (weights, softmax, vocabulary) with a fresh optimizer.",
+)
 @click.option("--min-count", type=int, default=3, show_default=True, help="Rarer words are <UNK> as targets.")
 @click.option("--max-vocab", type=int, default=None, help="At most this many softmax words.")
 @click.option("--epochs", type=int, default=10, show_default=True, help="Passes over the corpus.")
@@ -63,6 +69,7 @@ def train_command(
     preset,
     options_file,
     vocab_file,
+    init_from,
     min_count,
     max_vocab,
     epochs,
@@ -87,6 +94,7 @@ def train_command(
         preset=preset,
         options_file=options_file,
         vocab_file=vocab_file,
+        init_from=init_from,
         min_count=min_count,
         max_vocab=max_vocab,
         epochs=epochs,

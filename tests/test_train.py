@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import requires_cuda
 
 from elmo_cache import Encoder
 from elmo_cache.cli.main import cli
@@ -57,7 +58,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus) -> Path:
     output = tmp_path_factory.mktemp("trained")
-    train(corpus, output, replace(TINY, max_steps=40))
+    train(corpus, output, replace(TINY, max_steps=150))
     return output
 
 
@@ -272,6 +273,19 @@ def test_sampled_softmax_gradient_matches_autograd():
     torch.testing.assert_close(_SampledSoftmax.apply(*args, hit_rows, hit_slots, weights), reference)
 
 
+def test_init_from_continues_a_trained_model_without_its_checkpoint(tmp_path, corpus, trained):
+    start = train(corpus, tmp_path / "start", replace(TINY, max_steps=0, init_from=str(trained)))
+    assert start.steps == 0
+    assert (tmp_path / "start" / "vocab.txt").read_text() == (trained / "vocab.txt").read_text()
+    assert perplexity(tmp_path / "start", corpus).mean == pytest.approx(perplexity(trained, corpus).mean, rel=1e-6)
+    continued = train(corpus, tmp_path / "continued", replace(TINY, max_steps=20, init_from=str(trained)))
+    fresh = train(corpus, tmp_path / "fresh", replace(TINY, max_steps=20))
+    assert continued.steps == fresh.steps == 20
+    assert perplexity(tmp_path / "continued", corpus).mean < 0.5 * perplexity(tmp_path / "fresh", corpus).mean
+    with pytest.raises(InvalidParameterError, match="init_from"):
+        train(corpus, tmp_path / "x", replace(TINY, init_from=str(trained), vocab_file=str(trained / "vocab.txt")))
+
+
 def test_changed_settings_refuse_to_resume_unless_overwrite(tmp_path, corpus):
     output = tmp_path / "model"
     train(corpus, output, replace(TINY, max_steps=2))
@@ -336,3 +350,19 @@ def test_cli_train_and_perplexity(tmp_path, corpus):
     assert result.exit_code == 1 and "other settings" in result.output and "Traceback" not in result.output
     result = runner.invoke(cli, ["perplexity", str(tmp_path), str(corpus)])
     assert result.exit_code == 1 and "options.json is missing" in result.output
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_training_and_perplexity_agree_with_the_cpu(tmp_path, corpus, trained):
+    on_gpu = perplexity(trained, corpus, device="cuda")
+    on_cpu = perplexity(trained, corpus, device="cpu")
+    assert on_gpu.mean == pytest.approx(on_cpu.mean, rel=1e-4)
+    result = train(corpus, tmp_path / "gpu", replace(TINY, max_steps=30, device="cuda"))
+    assert result.steps == 30
+    # The weights it writes are the official layout and load on the CPU like any other.
+    model, _ = load_trained_model(tmp_path / "gpu")
+    encoder = Encoder.from_files(tmp_path / "gpu" / "options.json", tmp_path / "gpu" / "weights.hdf5", device="cpu")
+    tokens = ["the", "cat", "saw", "its", "shadow", "."]
+    for layer, expected in enumerate(_trainer_layers(model, tokens)):
+        np.testing.assert_allclose(encoder.embed_sentence(tokens)[layer], expected, rtol=0, atol=1e-5)

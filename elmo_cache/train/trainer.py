@@ -28,7 +28,7 @@ from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterErr
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.data import TokenizedCorpus, count_tokens, file_sha256
-from elmo_cache.train.files import VOCAB_FILE, write_model_dir
+from elmo_cache.train.files import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE, load_trained_model, write_model_dir
 from elmo_cache.train.presets import train_preset
 from elmo_cache.train.softmax import LogUniformSampler, sampled_softmax_loss
 from elmo_cache.train.vocab import Vocabulary
@@ -50,6 +50,9 @@ class TrainOptions:
     options_file: str | None = None
     # A vocab.txt to use as is (first lines <S>, </S>, <UNK>); default: built from the corpus (fixed).
     vocab_file: str | None = None
+    # A trained model directory to start from: its options, vocabulary, weights and softmax, with a
+    # fresh optimizer (how to go on from a model whose checkpoint is gone) (fixed).
+    init_from: str | None = None
     # Words seen fewer times than this are <UNK> as softmax targets (fixed).
     min_count: int = 3
     # At most this many softmax rows, the most frequent words (fixed).
@@ -112,6 +115,10 @@ class TrainOptions:
         for name in ("learning_rate", "clip_norm", "checkpoint_seconds"):
             if getattr(self, name) <= 0:
                 raise InvalidParameterError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.init_from is not None and (self.options_file is not None or self.vocab_file is not None):
+            raise InvalidParameterError(
+                "init_from brings its own options and vocabulary: drop options_file / vocab_file"
+            )
         if self.initial_accumulator <= 0:
             raise InvalidParameterError(f"initial_accumulator: must be positive, got {self.initial_accumulator}")
 
@@ -136,6 +143,8 @@ class TrainResult:
 
 
 def _model_options(options: TrainOptions) -> ModelOptions:
+    if options.init_from is not None:
+        return ModelOptions.from_file(Path(options.init_from) / OPTIONS_FILE)
     if options.options_file is not None:
         return ModelOptions.from_file(options.options_file)
     return train_preset(options.preset)
@@ -167,6 +176,9 @@ def train(
     model_options = _model_options(options)
     corpus_sha = file_sha256(corpus)
     fingerprint = {**options.fixed(), "model": model_options.to_dict(), "corpus_sha256": corpus_sha}
+    if options.init_from is not None:  # only when set, so that older checkpoints still resume
+        fingerprint["init_from"] = options.init_from
+        fingerprint["init_weights_sha256"] = file_sha256(Path(options.init_from) / WEIGHTS_FILE)
 
     checkpoint_path = output / CHECKPOINT_FILE
     checkpoint = _load_checkpoint(checkpoint_path, fingerprint, options.overwrite)
@@ -176,6 +188,8 @@ def train(
             raise InvalidParameterError(
                 f"{output / VOCAB_FILE} changed since the checkpoint; use --overwrite to restart"
             )
+    elif options.init_from is not None:
+        vocab = Vocabulary.load(Path(options.init_from) / VOCAB_FILE)
     elif options.vocab_file is not None:
         vocab = Vocabulary.load(options.vocab_file)
     else:
@@ -204,6 +218,10 @@ def train(
     step = epoch = batch_in_epoch = tokens = 0
     elapsed_before = 0.0
     history: list[dict[str, float]] = []
+    if checkpoint is None and options.init_from is not None:
+        start, _ = load_trained_model(options.init_from)
+        model.load_state_dict(start.state_dict())
+        log.info("starting from the weights of %s with a fresh optimizer", options.init_from)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -234,6 +252,7 @@ def train(
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "sampler_rng": sampler.rng.bit_generator.state,
+            "machine": {"device": str(device), "threads": torch.get_num_threads(), "cpu": _cpu_name()},
         }
         tmp = checkpoint_path.with_name(checkpoint_path.name + ".tmp")
         torch.save(payload, tmp)
@@ -347,3 +366,15 @@ def _load_checkpoint(path: Path, fingerprint: dict[str, Any], overwrite: bool) -
         f"{path.parent} holds a training run with other settings ({', '.join(changed)} differ); "
         "run with the same corpus and settings to resume, or pass --overwrite to start over"
     )
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{fixed['learning_rate']} (initial accumulator {fixed['initial_accumulator']}), gradient-norm clip "
         f"{fixed['clip_norm']}, seed {fixed['seed']}.",
         f"- {checkpoint['step']:,} steps, {checkpoint['tokens']:,} tokens per direction "
-        f"({epochs:.2f} epochs), {hours:.1f} hours on {_machine()}.",
+        f"({epochs:.2f} epochs), {hours:.1f} hours on {_machine(checkpoint.get('machine'))}.",
         "",
         "Rebuild everything (corpus, baselines, model, this card): `scripts/bundled_model/rebuild.sh`.",
         "",
@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _machine() -> str:
+def _machine(recorded: dict | None) -> str:
+    if recorded:
+        return f"{recorded['threads']} threads of {recorded['cpu']} ({recorded['device']}, torch {torch.__version__})"
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
