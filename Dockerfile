@@ -18,7 +18,8 @@ USER elmo
 VOLUME ["/models", "/data"]
 EXPOSE 8000
 ENTRYPOINT ["elmo-cache"]
-# Model only by default (downloaded once into /models); pass a cache path to serve it:
+# By default the model bundled in the image answers live (no download); pass a cache path to serve it:
 #   docker run --gpus all -p 8000:8000 -v $PWD:/data IMAGE serve /data/corpus.zarr --host 0.0.0.0
-# (without --model, a cache is served with the model that built it when it is in the image or in /models)
-CMD ["serve", "--model", "original", "--host", "0.0.0.0", "--port", "8000"]
+# (without --model, a cache is served with the model that built it when it is in the image or in /models;
+#  --model original downloads the published model once into /models)
+CMD ["serve", "--model", "bundled", "--host", "0.0.0.0", "--port", "8000"]
