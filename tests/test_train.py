@@ -50,6 +50,14 @@ def _write_corpus(path: Path, n_sentences: int, seed: int = 0) -> Path:
 TINY = TrainOptions(preset="tiny", batch_size=8, unroll=10, num_sampled=16, min_count=1, progress=False)
 
 
+def _tiny_cli_args(corpus: Path, output: Path, max_steps: int) -> list[str]:
+    """``elmo-cache train`` arguments equal to :data:`TINY` with ``max_steps``."""
+    return [
+        "train", str(corpus), "-o", str(output), "--preset", "tiny", "--batch-size", "8", "--unroll", "10",
+        "--num-sampled", "16", "--min-count", "1", "--max-steps", str(max_steps), "--no-progress", "--threads", "1",
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return _write_corpus(tmp_path_factory.mktemp("train_corpus") / "train.txt", 600)
@@ -91,31 +99,9 @@ def test_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_path, corp
 def test_kill_9_then_the_same_command_continues_from_the_checkpoint(tmp_path, corpus):
     output = tmp_path / "model"
     command = [
-        sys.executable,
-        "-c",
-        "from elmo_cache.cli.main import main; main()",
-        "train",
-        str(corpus),
-        "-o",
-        str(output),
-        "--preset",
-        "tiny",
-        "--batch-size",
-        "8",
-        "--unroll",
-        "10",
-        "--num-sampled",
-        "16",
-        "--min-count",
-        "1",
-        "--max-steps",
-        "100000",
-        "--checkpoint-minutes",
-        "0.0001",
-        "--no-progress",
-        "--threads",
-        "1",
-    ]
+        sys.executable, "-c", "from elmo_cache.cli.main import main; main()",
+        *_tiny_cli_args(corpus, output, 100000), "--checkpoint-minutes", "0.0001",
+    ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     checkpoint = output / "checkpoint.pt"
     deadline = time.monotonic() + 120
@@ -318,27 +304,7 @@ def test_bad_input_gives_clear_errors(tmp_path, corpus):
 def test_cli_train_and_perplexity(tmp_path, corpus):
     runner = CliRunner()
     output = tmp_path / "model"
-    args = [
-        "train",
-        str(corpus),
-        "-o",
-        str(output),
-        "--preset",
-        "tiny",
-        "--batch-size",
-        "8",
-        "--unroll",
-        "10",
-        "--num-sampled",
-        "16",
-        "--min-count",
-        "1",
-        "--max-steps",
-        "3",
-        "--no-progress",
-        "--threads",
-        "1",
-    ]
+    args = _tiny_cli_args(corpus, output, 3)
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "finished" in result.output and "3 steps" in result.output

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -145,17 +144,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _machine(recorded: dict | None) -> str:
-    if recorded:
-        return f"{recorded['threads']} threads of {recorded['cpu']} ({recorded['device']}, torch {torch.__version__})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{torch.get_num_threads()} threads of {cpu} (torch {torch.__version__}, CPU)"
+    if not recorded:  # checkpoints before the trainer recorded its machine
+        return "an unrecorded machine"
+    return f"{recorded['threads']} threads of {recorded['cpu']} ({recorded['device']}, torch {torch.__version__})"
 
 
 if __name__ == "__main__":
