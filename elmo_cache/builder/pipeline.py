@@ -73,6 +73,7 @@ class _Encoded:
     lengths: np.ndarray
     hashes: np.ndarray
     encoded_tokens: int
+    tokens: list[list[str]]
 
 
 class _End:
@@ -192,7 +193,7 @@ class _WriterThread(threading.Thread):
                 if isinstance(item, _End):
                     self._commit(item.done)
                     return
-                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes)
+                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens)
                 self._encoded_since += item.encoded_tokens
                 self.tokens += int(item.lengths.sum(dtype=np.int64))
                 if self.bar is not None:
@@ -260,7 +261,7 @@ class _Encoding:
                 vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
                 encoded += length
             start = stop
-        return _Encoded(vectors, offsets, lengths, window.hashes, encoded)
+        return _Encoded(vectors, offsets, lengths, window.hashes, encoded, window.tokens)
 
 
 def _now() -> str:
