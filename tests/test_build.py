@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import sys
+import zlib
 
 import h5py
 import numpy as np
@@ -16,6 +17,7 @@ from elmo_cache.builder import BuildOptions, build, default_chunk_rows, default_
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
 from elmo_cache.export import export
 from elmo_cache.selection import MixSpec
+from elmo_cache.store.format import metadata_checksum
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.text.tokenize import tokenize
 from elmo_cache.verify import verify
@@ -136,7 +138,12 @@ def test_metadata_follows_the_format(tmp_path, corpus, tiny_encoder):
     output = tmp_path / "c.zarr"
     build(corpus, BuildOptions(output=output, layers="1,2", progress=False), encoder=tiny_encoder)
     meta, arrays = raw_arrays(output)
-    assert meta["format"] == "elmo-cache" and meta["format_version"] == 1
+    assert meta["format"] == "elmo-cache" and meta["format_version"] == 2
+    # Each line's tokens, joined by one space, as UTF-8; tokens/offsets has one entry per line plus one.
+    starts, text = arrays["tokens/offsets"], arrays["tokens/bytes"].tobytes()
+    assert starts.tolist()[0] == 0 and len(starts) == len(LINES) + 1 and starts[-1] == len(text)
+    assert [text[a:b].decode() for a, b in zip(starts[:-1], starts[1:])] == [" ".join(line.split()) for line in LINES]
+    assert meta["checksums"]["algorithm"] == "crc32" and (output / meta["checksums"]["file"]).is_file()
     assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4) == 8192 and meta["compression"] is None
     assert json.loads((output / "vectors" / "zarr.json").read_text())["chunk_grid"]["configuration"]["chunk_shape"] == [
         8192,
@@ -157,7 +164,7 @@ def test_hdf5_datasets_are_contiguous_and_memory_mappable(tmp_path, corpus, tiny
     output = tmp_path / "c.h5"
     build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
     with h5py.File(output, "r") as f:
-        for name in ("vectors", "offsets", "lengths", "index/hashes", "index/rows"):
+        for name in ("vectors", "offsets", "lengths", "index/hashes", "index/rows", "tokens/bytes", "tokens/offsets"):
             assert f[name].chunks is None and f[name].compression is None
         ds = f["vectors"]
         mapped = np.memmap(output, dtype=ds.dtype, mode="r", offset=ds.id.get_offset(), shape=ds.shape)
@@ -366,11 +373,19 @@ def test_verify_passes_on_a_build_and_catches_damage(tmp_path, corpus, tiny_enco
     with h5py.File(output, "r+") as f:
         f["vectors"][3] = f["vectors"][3] + 1  # damage one row's values
     damaged = verify(output, sample=len(LINES), encoder=tiny_encoder)
+    assert not damaged.ok and damaged.problems[0].startswith("dataset 'vectors': CRC-32")
+    # Wrong vectors with matching checksums (as a faulty encoder would write) fail the re-encoding.
+    with h5py.File(output, "r+") as f:
+        meta = json.loads(f.attrs["elmo_cache"])
+        meta["checksums"]["datasets"]["vectors"] = zlib.crc32(f["vectors"][...].tobytes())
+        meta["checksums"]["metadata"] = metadata_checksum(meta)
+        f.attrs["elmo_cache"] = json.dumps(meta)
+    damaged = verify(output, sample=len(LINES), encoder=tiny_encoder)
     assert not damaged.ok and "differ from a fresh encoding" in damaged.problems[0]
     with h5py.File(output, "r+") as f:
         f["lengths"][2] = f["lengths"][2] + 1
     broken = verify(output)
-    assert not broken.ok and any("n_tokens" in p for p in broken.problems)
+    assert not broken.ok and broken.problems[0].startswith("dataset 'lengths': CRC-32")
 
 
 def test_export_writes_the_allennlp_layout(tmp_path, corpus, tiny_encoder, reference):
