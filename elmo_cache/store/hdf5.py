@@ -11,8 +11,9 @@ time whatever the cache size.
 Writing. HDF5 files are not crash safe (a killed writer can leave the whole file unreadable) and a
 contiguous dataset, the only kind a reader can memory-map, cannot grow. So the build appends
 vectors to a raw ``vectors.bin`` in the staging folder and only the finished build writes
-``cache.h5`` there, with every dataset contiguous and of its final shape, then renames it to
-the output path: the output only ever holds a finished cache.
+``cache.h5`` there, with every dataset contiguous and of its final shape (and records each
+dataset's CRC-32 in the metadata), then renames it to the output path: the output only ever
+holds a finished cache.
 """
 
 from __future__ import annotations

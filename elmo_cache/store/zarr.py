@@ -27,9 +27,10 @@ folder ``<output>.partial/`` *is* the zarr group being built. Full chunks of ``v
 written as soon as their rows exist, so finishing a build never copies the vectors again (at
 several KB per token that copy would cost as much as a slow encoder); the rows of the last,
 incomplete chunk wait in a small ``tail-N.bin`` file that each commit rewrites (at most one
-chunk). Finishing writes the per-sentence arrays and the index, sets
-``complete: true`` and renames the folder to the output, so the output path only ever holds
-a finished cache.
+chunk). Each committed chunk file's size and CRC-32 are staged as it is synced. Finishing
+writes the per-sentence arrays, the tokens and the index, then ``checksums.json`` (size and
+CRC-32 of every file but the root ``zarr.json``), sets ``complete: true`` and renames the folder
+to the output, so the output path only ever holds a finished cache.
 """
 
 from __future__ import annotations
