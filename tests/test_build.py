@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import sys
 import zlib
@@ -17,8 +18,8 @@ from elmo_cache.builder import BuildOptions, build, default_chunk_rows, default_
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
 from elmo_cache.export import export
 from elmo_cache.selection import MixSpec
-from elmo_cache.store.format import metadata_checksum
 from elmo_cache.store import load_progress, staging_path
+from elmo_cache.store.format import metadata_checksum
 from elmo_cache.text.tokenize import tokenize
 from elmo_cache.verify import verify
 from tests._build_fixtures import corpus_lines, expected_rows, raw_arrays, write_corpus
@@ -142,7 +143,9 @@ def test_metadata_follows_the_format(tmp_path, corpus, tiny_encoder):
     # Each line's tokens, joined by one space, as UTF-8; tokens/offsets has one entry per line plus one.
     starts, text = arrays["tokens/offsets"], arrays["tokens/bytes"].tobytes()
     assert starts.tolist()[0] == 0 and len(starts) == len(LINES) + 1 and starts[-1] == len(text)
-    assert [text[a:b].decode() for a, b in zip(starts[:-1], starts[1:])] == [" ".join(line.split()) for line in LINES]
+    assert [text[a:b].decode() for a, b in itertools.pairwise(starts.tolist())] == [
+        " ".join(line.split()) for line in LINES
+    ]
     assert meta["checksums"]["algorithm"] == "crc32" and (output / meta["checksums"]["file"]).is_file()
     assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4) == 8192 and meta["compression"] is None
     assert json.loads((output / "vectors" / "zarr.json").read_text())["chunk_grid"]["configuration"]["chunk_shape"] == [
