@@ -185,6 +185,14 @@ def test_compressed_zarr_holds_the_same_vectors(tmp_path, corpus, tiny_encoder, 
         np.testing.assert_array_equal(a[name], b[name])
     codecs = json.loads((packed / "vectors" / "zarr.json").read_text())["codecs"]
     assert len(codecs) == 2 and codecs[0]["name"] == "bytes"
+    # Checksums cover the compressed chunk files as stored.
+    assert verify(packed).ok
+    chunk = packed / "vectors" / "c" / "0" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 1
+    chunk.write_bytes(bytes(data))
+    report = verify(packed)
+    assert not report.ok and report.problems[0].startswith("vectors/c/0/0/0 (array 'vectors'): CRC-32")
 
 
 def test_awkward_lines_each_have_their_stored_result(tmp_path, tiny_encoder):
@@ -389,6 +397,23 @@ def test_verify_passes_on_a_build_and_catches_damage(tmp_path, corpus, tiny_enco
         f["lengths"][2] = f["lengths"][2] + 1
     broken = verify(output)
     assert not broken.ok and broken.problems[0].startswith("dataset 'lengths': CRC-32")
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_verify_and_export_without_the_corpus(tmp_path, tiny_encoder, reference, suffix):
+    corpus = write_corpus(tmp_path / "gone.txt", LINES)
+    output = tmp_path / ("c" + suffix)
+    build(corpus, BuildOptions(output=output, dedupe=True, progress=False), encoder=tiny_encoder)
+    corpus.unlink()
+    report = verify(output, sample=6, encoder=tiny_encoder)
+    assert report.ok and report.corpus is None and report.sampled == 6, str(report)
+    assert "sentence index matches the stored tokens" in report.checks
+    summary = export(output, tmp_path / "allennlp.hdf5")
+    assert summary.from_tokens and summary.corpus is None
+    with h5py.File(tmp_path / "allennlp.hdf5", "r") as f:
+        mapping = json.loads(f["sentence_to_index"][0])
+        np.testing.assert_allclose(f["0"][...], reference[0], rtol=1e-6, atol=1e-6)
+    assert mapping == {" ".join(line.split()): str(i) for i, line in enumerate(LINES)}
 
 
 def test_export_writes_the_allennlp_layout(tmp_path, corpus, tiny_encoder, reference):

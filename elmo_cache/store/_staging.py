@@ -133,7 +133,10 @@ class RawColumn:
         want = committed_items * self.item_bytes
         if not self.path.exists():
             if want:
-                raise CacheFormatError(f"{self.path}: missing, but {committed_items} items were committed")
+                raise CacheFormatError(
+                    f"{self.path}: missing, but {committed_items} items were committed (a build begun by an older "
+                    "elmo-cache, or a damaged staging folder); rerun with --overwrite"
+                )
             self.path.touch()
         size = self.path.stat().st_size
         if size < want:
