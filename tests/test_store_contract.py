@@ -181,6 +181,7 @@ class StoreContract:
         self.write(output, [])
         with elmo_cache.open(output) as cache:
             assert len(cache) == 0 and cache.n_tokens == 0 and cache.find("anything") is None
+        assert verify(output).ok
 
     def test_mixed_rows(self, output):
         rng = np.random.default_rng(5)

@@ -132,7 +132,10 @@ def arrays_of(version: int) -> tuple[str, ...]:
 
 def checksum(data: Any, value: int = 0) -> int:
     """CRC-32 of ``data`` (bytes or a C-contiguous array), continuing from ``value``."""
-    return zlib.crc32(memoryview(data).cast("B") if not isinstance(data, bytes) else data, value)
+    if isinstance(data, bytes):
+        return zlib.crc32(data, value)
+    view = memoryview(data)
+    return zlib.crc32(view.cast("B") if view.nbytes else b"", value)
 
 
 def metadata_checksum(meta: dict[str, Any]) -> int:
