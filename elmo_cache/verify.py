@@ -231,7 +231,7 @@ def _check_checksums(fmt: str, path: Path, meta: dict[str, Any], arrays: dict[st
     if len(found) > 20:
         problems.append(f"... and {len(found) - 20} more damaged files or datasets")
     if not problems:
-        what = "files" if fmt == "zarr" else "datasets"
+        what = "file" if fmt == "zarr" else "dataset"
         report.checks.append(f"CRC-32 of the metadata and of every {what} match those recorded at the build")
 
 
