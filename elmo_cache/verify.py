@@ -406,15 +406,24 @@ def _check_tokens(
                 problems.append(f"sentences {j} and {i} share rows of vectors but hold different tokens")
                 return None
     report.checks.append(f"stored tokens of all {n:,} sentences match their lengths")
-    if not _check_index(hashes, meta, arrays, report, "the stored tokens"):
+    if not _check_index(hashes, meta, arrays, report, "the stored tokens", texts):
         return None
     return hashes, texts
 
 
 def _check_index(
-    line_hashes: np.ndarray, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport, source: str
+    line_hashes: np.ndarray,
+    meta: dict[str, Any],
+    arrays: dict[str, Any],
+    report: VerifyReport,
+    source: str,
+    texts: list[bytes] | None = None,
 ) -> bool:
-    """Whether the sentence index (and, with dedupe, the shared rows) matches the sentences' hashes."""
+    """Whether the sentence index (and, with dedupe, the shared rows) matches the sentences' hashes.
+
+    With dedupe a sentence must share the rows of the first one of its hash, unless ``texts``
+    (the stored keys) show that the two differ: a hash collision, stored anew by the build.
+    """
     n = len(line_hashes)
     lengths = np.asarray(arrays["lengths"][:])
     offsets = np.asarray(arrays["offsets"][:])
@@ -433,6 +442,10 @@ def _check_index(
         group_start = np.cumsum(first) - 1
         firsts[order] = order[first][group_start]
         nonempty = lengths > 0
+        if texts is not None:
+            for i in np.flatnonzero(nonempty & (firsts != np.arange(n))).tolist():
+                if texts[i] != texts[firsts[i]]:
+                    nonempty[i] = False
         if (offsets[nonempty] != offsets[firsts[nonempty]]).any():
             bad = int(np.flatnonzero(nonempty & (offsets != offsets[firsts]))[0])
             report.problems.append(f"sentence {bad} repeats sentence {firsts[bad]} but does not share its rows")

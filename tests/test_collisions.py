@@ -40,9 +40,9 @@ def collide(monkeypatch):
     monkeypatch.setattr("elmo_cache.verify.sentence_hash", colliding_hash)
 
 
-def make(tmp_path, encoder, name: str, **options) -> elmo_cache.Cache:
+def make(tmp_path, encoder, name: str, lines=LINES, **options) -> elmo_cache.Cache:
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     build(corpus, BuildOptions(output=tmp_path / name, progress=False, **options), encoder=encoder)
     return elmo_cache.open(tmp_path / name)
 
@@ -78,10 +78,46 @@ def test_the_server_encodes_a_colliding_sentence_live_or_says_404(tmp_path, tiny
     np.testing.assert_allclose(np.load(io.BytesIO(live.content)), want, rtol=1e-5, atol=1e-6)
 
 
-def test_verify_finds_rows_shared_by_colliding_sentences(tmp_path, tiny_encoder, collide):
-    # With dedupe the build shares rows by hash, so the colliding sentence gets the first one's
-    # vectors by number; lookups by text still refuse it, and verify names the two sentences.
-    with make(tmp_path, tiny_encoder, "d.h5", dedupe=True) as cache:
+@pytest.mark.parametrize("where", ["same window", "later window", "after a resume"])
+def test_dedupe_never_shares_rows_between_colliding_sentences(tmp_path, tiny_encoder, collide, where):
+    # Dedupe matches a second, independent hash too, so a colliding sentence gets its own rows.
+    lines = [*LINES, FIRST, SECOND]
+    options = {"dedupe": True, "commit_seconds": 0}
+    if where != "same window":
+        options.update(batch_tokens=8, window_batches=1)  # FIRST and SECOND in different windows
+    if where == "after a resume":
+        real, calls = tiny_encoder.encode_flat, [0]
+
+        def crash_on_second_window(sentences):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("simulated crash")
+            return real(sentences)
+
+        tiny_encoder.encode_flat = crash_on_second_window
+        try:
+            with pytest.raises(RuntimeError, match="simulated crash"):
+                make(tmp_path, tiny_encoder, "d.h5", lines, **options)
+        finally:
+            del tiny_encoder.encode_flat
+    with make(tmp_path, tiny_encoder, "d.h5", lines, **options) as cache:
+        offsets = np.asarray(cache._offsets)
+        assert offsets[5] == offsets[1]  # a true repeat still shares rows
+        assert len({offsets[1], offsets[3], offsets[6]}) == 3
+        want = tiny_encoder.embed_batch([SECOND.split()])[0]
+        for i in (3, 6):
+            np.testing.assert_allclose(cache[i], want, rtol=1e-5, atol=1e-6)
         assert cache.get(SECOND) is None
+    assert verify(tmp_path / "d.h5").ok
+
+
+def test_verify_finds_rows_shared_by_different_sentences(tmp_path, tiny_encoder, collide, monkeypatch):
+    # A build that deduplicates by the index hash alone (as before the check hash) shares rows.
+    monkeypatch.setattr(
+        "elmo_cache.builder.pipeline.check_hashes", lambda token_lists: np.zeros(len(token_lists), np.uint64)
+    )
+    with make(tmp_path, tiny_encoder, "d.h5", dedupe=True) as cache:
+        assert np.asarray(cache._offsets)[3] == np.asarray(cache._offsets)[1]
+        assert cache.get(SECOND) is None  # lookups by text still refuse it
     report = verify(tmp_path / "d.h5")
     assert not report.ok and "sentences 1 and 3 share rows of vectors but hold different tokens" in report.problems[0]

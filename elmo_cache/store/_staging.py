@@ -302,6 +302,17 @@ class Writer:
             "tokens/offsets": starts,
         }
 
+    def committed_key(self, i: int) -> bytes:
+        """The stored key (UTF-8 tokens joined by one space) of committed line ``i``."""
+        lines = self.progress.lines
+        cached = getattr(self, "_keys", None)
+        if cached is None or cached[0] != lines:
+            ends = self.text_ends.read(lines)
+            cached = self._keys = (lines, ends, self.text.read(int(ends[-1]) if lines else 0))
+        _, ends, text = cached
+        start = int(ends[i - 1]) if i else 0
+        return text[start : int(ends[i])].tobytes()
+
     def remove_staging(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
 
