@@ -36,6 +36,7 @@ import zarr
 
 import elmo_cache
 from elmo_cache.builder import DEFAULT_CHUNK_ROWS
+from elmo_cache.store.format import FORMAT_VERSION
 from elmo_cache.text.tokenize import sentence_hash
 
 
@@ -63,14 +64,19 @@ def synthetic_lines(n_sentences: int, mean_tokens: int, seed: int):
     """Per-line lengths and sentence hashes of a made-up corpus."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.poisson(mean_tokens, n_sentences), 1, None).astype(np.int32)
-    hashes = np.array([sentence_hash(f"sentence {i}") for i in range(n_sentences)], np.uint64)
+    hashes = np.array([sentence_hash(synthetic_tokens(i, n)) for i, n in enumerate(lengths.tolist())], np.uint64)
     return lengths, hashes
+
+
+def synthetic_tokens(i: int, length: int) -> list[str]:
+    """The tokens of line ``i`` of the made-up corpus ("sentence", its number, then filler)."""
+    return (["sentence", str(i)] + ["w"] * length)[:length]
 
 
 def metadata(kind: str, dim: int, fmt: str, compression, chunk_rows) -> dict:
     return {
         "format": "elmo-cache",
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "complete": False,
         "kind": kind,
         "layers": [0, 1, 2] if kind == "layers" else None,
@@ -104,7 +110,8 @@ def write_cache(path: Path, fmt: str, kind: str, dim: int, lengths, hashes, *, c
         stop = min(start + step, len(lengths))
         n_rows = int(lengths[start:stop].sum())
         vectors = rng.standard_normal((n_rows, *row_shape), dtype=np.float32).astype(np.float16)
-        writer.append(vectors, offsets[start:stop], lengths[start:stop], hashes[start:stop])
+        tokens = [synthetic_tokens(i, int(lengths[i])) for i in range(start, stop)]
+        writer.append(vectors, offsets[start:stop], lengths[start:stop], hashes[start:stop], tokens)
         writer.commit()
     writer.commit(done=True)
     unique, _ = writer.index()
@@ -226,6 +233,9 @@ def bench_one(label: str, path: Path, raw_path: Path, n: int, reads: int, cold_r
 def bench_open_huge(directory: Path, n: int) -> None:
     """Open a sparse n-sentence cache of each container: time and memory do not grow with n."""
     arrays = {"offsets": np.int64, "lengths": np.int32, "index/hashes": np.uint64, "index/rows": np.int64}
+    # Zero-filled like the others: tokens/offsets then says every sentence holds no text (an empty tokens/bytes).
+    sizes = dict.fromkeys(arrays, n) | {"tokens/offsets": n + 1}
+    arrays["tokens/offsets"] = np.int64
     meta = metadata("layers", 1024, "hdf5", None, None)
     meta.update(complete=True, n_sentences=n, n_tokens=0, n_rows=0, n_unique=n)
     h5 = directory / "huge.h5"
@@ -237,14 +247,16 @@ def bench_open_huge(directory: Path, n: int) -> None:
             dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
             if "/" in name:
                 f.require_group(name.split("/")[0])
-            space = h5py.h5s.create_simple((n,))
+            space = h5py.h5s.create_simple((sizes[name],))
             h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space, dcpl=dcpl)
         f.create_dataset("vectors", shape=(0, 3, 1024), dtype=np.float16)
+        f.create_dataset("tokens/bytes", shape=(0,), dtype=np.uint8)
         f.attrs["elmo_cache"] = json.dumps(meta)
     zpath = directory / "huge.zarr"
     group = zarr.open_group(str(zpath), mode="w")
     for name, dtype in arrays.items():  # no chunk written: every chunk reads as the fill value
-        group.create_array(name, shape=(n,), dtype=dtype, chunks=(1 << 16,), compressors=None)
+        group.create_array(name, shape=(sizes[name],), dtype=dtype, chunks=(1 << 16,), compressors=None)
+    group.create_array("tokens/bytes", shape=(0,), dtype=np.uint8, chunks=(1 << 22,), compressors=None)
     group.create_array("vectors", shape=(0, 3, 1024), dtype=np.float16, chunks=(4096, 3, 1024), compressors=None)
     zmeta = dict(meta, chunk_rows=4096)
     group.attrs["elmo_cache"] = zmeta

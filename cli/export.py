@@ -10,7 +10,11 @@ __all__ = ["export_command"]
 @click.command("export")
 @click.argument("cache", type=click.Path())
 @click.argument("output", type=click.Path())
-@click.option("--corpus", default=None, help="Corpus for sentence_to_index. Default: the recorded input path.")
+@click.option(
+    "--corpus",
+    default=None,
+    help="Corpus for sentence_to_index. Default: the recorded input path, else the cache's stored tokens.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 def export_command(cache, output, corpus, overwrite):
     """Write CACHE to OUTPUT in the original allennlp HDF5 layout (one dataset per line)."""

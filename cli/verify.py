@@ -15,7 +15,12 @@ __all__ = ["verify_command"]
 @click.option(
     "--sample", type=int, default=0, show_default=True, help="Re-encode this many random sentences and compare."
 )
-@click.option("--corpus", default=None, help="The corpus the cache was built from. Default: the recorded input path.")
+@click.option(
+    "--corpus",
+    default=None,
+    help="The corpus the cache was built from, to check it too. Default: the recorded input path "
+    "when it exists (a format-1 cache, which stores no text, needs it to check its index).",
+)
 @model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
 def verify_command(cache, sample, corpus, model, options_file, weight_file, device, seed):

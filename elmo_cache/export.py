@@ -8,10 +8,13 @@ dataset holding the JSON object ``{sentence text: "line number"}`` (the text bei
 stripped of surrounding whitespace; a repeated sentence maps to its last line, as allennlp's
 dict does). Empty lines, which allennlp refuses, become datasets with zero tokens.
 
-The text comes from the corpus (the cache stores none): ``corpus=`` or the input path recorded
-at build time. Without it ``sentence_to_index`` is left out (tools that only read the numbered
-datasets do not need it). One dataset per sentence is slow to open at millions of sentences;
-this export is for tools that need that layout, not a way to store large caches.
+The text comes from the corpus when there is one (``corpus=`` or the input path recorded at build
+time, when it still exists): its lines exactly, as allennlp keys them. Otherwise a format-2 cache
+supplies its stored tokens, joined by one space (the same key wherever a line separates its tokens
+by single spaces). A format-1 cache stores no text: without its corpus ``sentence_to_index`` is
+left out (tools that only read the numbered datasets do not need it). One dataset per sentence is
+slow to open at millions of sentences; this export is for tools that need that layout, not a way
+to store large caches.
 """
 
 from __future__ import annotations
@@ -36,13 +39,18 @@ class ExportSummary:
 
     path: Path
     n_sentences: int
-    # The corpus sentence_to_index came from, or None when it was left out.
+    # The corpus sentence_to_index came from, or None when it was left out or came from the cache.
     corpus: str | None
+    # True when sentence_to_index was made from the tokens stored in the cache (no corpus needed).
+    from_tokens: bool = False
 
     def __str__(self) -> str:
-        index = (
-            f"sentence_to_index from {self.corpus}" if self.corpus else "no sentence_to_index (pass --corpus to add it)"
-        )
+        if self.corpus:
+            index = f"sentence_to_index from {self.corpus}"
+        elif self.from_tokens:
+            index = "sentence_to_index from the tokens stored in the cache"
+        else:
+            index = "no sentence_to_index (a format-1 cache stores no text: pass --corpus to add it)"
         return f"wrote {self.path}: {self.n_sentences:,} sentences in the allennlp layout, {index}"
 
 
@@ -99,6 +107,8 @@ def export(
         if corpus_path is not None:
             errors = ((opened.metadata.get("build") or {}).get("args") or {}).get("errors", "strict")
             mapping = _sentence_to_index(Corpus(corpus_path, errors=errors), lengths)
+        elif opened.stores_tokens:
+            mapping = {" ".join(opened.tokens(i)): str(i) for i in range(len(opened))}
         tmp = output.with_name(output.name + ".tmp")
         try:
             with h5py.File(tmp, "w") as f:
@@ -110,4 +120,9 @@ def export(
             os.replace(tmp, output)
         finally:
             tmp.unlink(missing_ok=True)
-        return ExportSummary(output, len(opened), None if corpus_path is None else str(corpus_path))
+        return ExportSummary(
+            output,
+            len(opened),
+            None if corpus_path is None else str(corpus_path),
+            from_tokens=corpus_path is None and mapping is not None,
+        )

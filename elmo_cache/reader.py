@@ -23,7 +23,15 @@ import numpy as np
 
 from elmo_cache import store
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
-from elmo_cache.store.format import ARRAYS, FORMAT_VERSIONS, INDEX_DTYPES, parse_metadata
+from elmo_cache.store.format import (
+    ARRAYS,
+    FORMAT_VERSIONS,
+    INDEX_DTYPES,
+    TEXT_ENCODING,
+    TOKEN_ARRAYS,
+    arrays_of,
+    parse_metadata,
+)
 from elmo_cache.text.tokenize import sentence_hash, tokenize
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
@@ -73,6 +81,7 @@ class Cache:
         self.layers: tuple[int, ...] | None = tuple(meta["layers"]) if self.kind == "layers" else None
         self.dim: int = meta["dim"]
         self.dtype: np.dtype = np.dtype(meta["dtype"])
+        self.format_version: int = meta["format_version"]
         self._check_arrays(arrays)
         self._vectors = arrays["vectors"]
         self._offsets = arrays["offsets"]
@@ -88,19 +97,35 @@ class Cache:
         self._n_rows = int(self._vectors.shape[0])
         self._layered = self.kind == "layers"
         self._lengths_array: np.ndarray | None = None
+        self.stores_tokens: bool = arrays.get("tokens/offsets") is not None
+        """Whether each sentence's tokens are stored (format 2); lookups by text then confirm them."""
+        self._token_bytes: Any = arrays.get("tokens/bytes")
+        self._token_offsets: Any = arrays.get("tokens/offsets")
+        self._token_at: Any = getattr(self._token_offsets, "item", None)
+        text = self._token_bytes
+        self._read_text: Any = (
+            None if text is None else text.rows if hasattr(text, "rows") else (lambda start, stop: text[start:stop])
+        )
 
     def _check_arrays(self, arrays: dict[str, Any]) -> None:
         meta = self._metadata
+        required = arrays_of(self.format_version)
         if not self.complete:
-            # An interrupted build may not have written its index yet: read it as empty.
+            # An interrupted build may not have written its index and tokens yet: read the index as empty.
             for name in ("index/hashes", "index/rows"):
                 if arrays[name] is None:
                     arrays[name] = np.empty(0, dtype=_INDEX_DTYPES[name])
+            required = tuple(name for name in required if name not in TOKEN_ARRAYS or arrays[name] is not None)
         for name in ARRAYS:
+            if name not in required:
+                arrays[name] = None  # a version-1 cache: whatever else is there is not ours to read
+        for name in required:
             if arrays[name] is None:
                 raise CacheFormatError(f"{self.path}: array {name!r} is missing; the cache is corrupt (rebuild it)")
         expected = {"vectors": self.dtype, **_INDEX_DTYPES}
         for name, dtype in expected.items():
+            if name not in required:
+                continue
             got = np.dtype(arrays[name].dtype)
             if got.kind != dtype.kind or got.itemsize != dtype.itemsize:
                 raise CacheFormatError(f"{self.path}: array {name!r} has dtype {got}, expected {dtype}")
@@ -129,6 +154,25 @@ class Cache:
                     raise CacheFormatError(
                         f"{self.path}: metadata says {key} = {meta[key]} but array {name!r} has {actual} entries"
                     )
+        if "tokens/offsets" in required:
+            starts, text = arrays["tokens/offsets"], arrays["tokens/bytes"]
+            n = arrays["offsets"].shape[0]
+            if starts.ndim != 1 or text.ndim != 1 or starts.shape[0] != n + 1:
+                raise CacheFormatError(
+                    f"{self.path}: array 'tokens/offsets' has shape {tuple(starts.shape)}, expected ({n + 1},) "
+                    f"(one more than the {n} sentences), and 'tokens/bytes' must be 1-D"
+                )
+            first, last = starts.item(0), starts.item(n)
+            if first != 0 or last != text.shape[0]:
+                raise CacheFormatError(
+                    f"{self.path}: array 'tokens/offsets' runs from {first} to {last} but 'tokens/bytes' holds "
+                    f"{text.shape[0]} bytes; the cache is corrupt"
+                )
+        for name in required:
+            # zarr: the first and last chunk files have the size the array's shape requires.
+            check = getattr(arrays[name], "check_files", None)
+            if check is not None:
+                check()
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -216,7 +260,9 @@ class Cache:
         """Sentence number of ``sentence`` (text, tokenised like the build, or a token list), or None.
 
         With ``dedupe`` or repeated lines, this is the first occurrence. The index holds 64-bit
-        hashes, not text; a hit is also checked against the stored token count.
+        hashes; a hit is then confirmed against the stored tokens (format 2), so two sentences
+        whose hashes collide never answer for each other. A format-1 cache stores no text: there
+        a hit is only checked against the stored token count.
         """
         self._require()
         tokens = tokenize(sentence) if isinstance(sentence, str) else list(sentence)
@@ -235,7 +281,32 @@ class Cache:
             raise CacheFormatError(f"{self.path}: array 'index/rows' points at sentence {row} of {self._n}; corrupt")
         if self._length_at(row) != len(tokens):
             return None  # a hash collision with a different sentence
+        if self.stores_tokens and self._text(row) != " ".join(tokens).encode(*TEXT_ENCODING):
+            return None  # a hash collision with a sentence of the same length
         return row
+
+    def _text(self, i: int) -> bytes:
+        start, stop = self._token_at(i), self._token_at(i + 1)
+        if not 0 <= start <= stop <= self._token_bytes.shape[0]:
+            raise CacheFormatError(
+                f"{self.path}: sentence {i} spans bytes {start}..{stop} of array 'tokens/bytes' (array "
+                f"'tokens/offsets'), which holds {self._token_bytes.shape[0]}; the cache is corrupt"
+            )
+        return self._read_text(start, stop).tobytes()
+
+    def tokens(self, i: int) -> list[str]:
+        """The tokens of sentence ``i`` (as the build split line ``i``; negative ``i`` counts from the end).
+
+        Raises :class:`~elmo_cache.errors.CacheFormatError` for a format-1 cache, which stores no text.
+        """
+        self._require()
+        if not self.stores_tokens:
+            raise CacheFormatError(
+                f"{self.path}: a format-{self.format_version} cache stores no tokens; rebuild it with this "
+                "elmo-cache to read sentences back as text (or read them from its corpus)"
+            )
+        text = self._text(self._position(i)).decode(*TEXT_ENCODING)
+        return text.split(" ") if text else []
 
     def get(self, sentence: str | Sequence[str], default: Any = None) -> np.ndarray | None:
         """The vectors of ``sentence`` (text or token list), or ``default`` (None) when it is not cached.
@@ -256,6 +327,7 @@ class Cache:
         """Drop the mappings (arrays already returned stay valid). Idempotent."""
         self._vectors = self._offsets = self._lengths = self._hashes = self._rows = None
         self._offset_at = self._length_at = self._read_rows = None
+        self._token_bytes = self._token_offsets = self._token_at = self._read_text = None
         self._lengths_array = None
 
     @property

@@ -1,13 +1,19 @@
-"""``verify``: check a cache's structure and, optionally, a sample of its vectors against a fresh encoding.
+"""``verify``: check a cache's bytes, structure and index, and optionally a sample of its vectors
+against a fresh encoding.
 
-The structure checks read the arrays with zarr-python or h5py themselves (not through the reader),
-so that they test the format as FORMAT.md states it, not the reader's interpretation.
+Format 2 caches are checked on their own: the CRC-32 of every zarr file / HDF5 dataset and of
+the metadata against those recorded at finalisation (bit flips, truncation, edits), then the
+structure, then every sentence's stored tokens against its token count and the sentence index.
+The structure checks read the arrays with zarr-python or h5py themselves (not through the
+reader), so that they test the format as FORMAT.md states it, not the reader's interpretation.
 With the corpus (``corpus=`` or the input path recorded in the metadata, when it still
-exists) every line's token count and hash are checked, which proves the sentence index.
+exists) every line is also checked against the cache. A format-1 cache has no checksums and
+no text: without its corpus only its structure can be checked.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +21,22 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import InvalidParameterError
+from elmo_cache.errors import CacheFormatError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
 from elmo_cache.selection import Selection
 from elmo_cache.store import open_with_library
-from elmo_cache.store.format import FORMAT_VERSION, INDEX_DTYPES, decode_metadata
+from elmo_cache.store.format import (
+    CHECKSUMS_FILE,
+    FORMAT_VERSIONS,
+    INDEX_DTYPES,
+    TEXT_ENCODING,
+    arrays_of,
+    checksum,
+    decode_metadata,
+    metadata_checksum,
+)
+from elmo_cache.store.hdf5 import little_endian
+from elmo_cache.store.zarr import file_checksum
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -36,6 +53,8 @@ class VerifyReport:
     corpus: str | None = None
     sampled: int = 0
     max_abs_error: float | None = None
+    # What could not be checked (a format-1 cache: no checksums, no stored text).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -45,8 +64,7 @@ class VerifyReport:
         lines = [f"{self.path}: " + ("OK" if self.ok else f"{len(self.problems)} problem(s)")]
         lines += [f"  ok: {c}" for c in self.checks]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
-        if self.corpus is None:
-            lines.append("  (no corpus: sentence text, index and vectors not checked against it; pass --corpus)")
+        lines += [f"  ({n})" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -88,36 +106,68 @@ def verify(
     corpus or a usable model.
     """
     path = Path(path)
-    fmt, raw, arrays, close = open_with_library(path)
-    meta = decode_metadata(raw)
     report = VerifyReport(path)
+    try:
+        fmt, raw, arrays, close = open_with_library(path)
+    except CacheFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    meta = decode_metadata(raw)
     try:
         if meta is None:
             report.problems.append("no elmo-cache metadata (attribute 'elmo_cache'); not an elmo-cache store")
             return report
-        _check_structure(fmt, meta, arrays, report)
+        version = meta.get("format_version")
+        if version not in FORMAT_VERSIONS:
+            report.problems.append(
+                f"format_version {version!r}; this elmo-cache knows versions {list(FORMAT_VERSIONS)}"
+            )
+            return report
+        if version >= 2:
+            _check_checksums(fmt, path, meta, arrays, report)
+        else:
+            report.notes.append(
+                "format 1: no checksums (bit flips not detectable) and no stored text (the index is checked "
+                "only with the corpus); rebuild with this elmo-cache to get both"
+            )
         if report.problems:
             return report
+        try:
+            _check_structure(fmt, meta, arrays, report)
+        except Exception as exc:  # zarr and h5py raise many types for damaged data
+            report.problems.append(f"cannot read the arrays ({type(exc).__name__}: {exc})")
+        if report.problems:
+            return report
+        stored: tuple[np.ndarray, list[bytes]] | None = None
+        if version >= 2:
+            stored = _check_tokens(meta, arrays, report)
+            if report.problems:
+                return report
         corpus_path = corpus
         if corpus_path is None:
             recorded = ((meta.get("build") or {}).get("input") or {}).get("path")
             if recorded and recorded != "-" and Path(recorded).is_file():
                 corpus_path = recorded
-        if corpus_path is None:
+        tokens: dict[int, list[str]] = {}
+        if corpus_path is not None:
+            report.corpus = str(corpus_path)
+            tokens = _check_corpus(
+                Corpus(corpus_path, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
+                meta,
+                arrays,
+                report,
+                sample,
+                seed,
+                None if stored is None else stored[0],
+            )
+        elif stored is not None:
+            tokens = _sampled_tokens(stored[1], np.asarray(arrays["lengths"][:]), sample, seed)
+        else:
+            report.notes.append("no corpus: the sentence index was not checked; pass --corpus")
             if sample:
                 raise InvalidParameterError(
-                    "sample: re-encoding needs the corpus text; pass --corpus (the cache stores no text)"
+                    "sample: re-encoding needs the sentence text; this format-1 cache stores none: pass --corpus"
                 )
-            return report
-        report.corpus = str(corpus_path)
-        tokens = _check_corpus(
-            Corpus(corpus_path, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
-            meta,
-            arrays,
-            report,
-            sample,
-            seed,
-        )
         if sample and tokens and not report.problems:
             _check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device)
         return report
@@ -125,14 +175,85 @@ def verify(
         close()
 
 
+def _array_of(relative: str) -> str:
+    """The array a file of a zarr group belongs to (``vectors/c/3/0/0`` -> ``vectors``)."""
+    if "/c/" in relative:
+        return relative.split("/c/")[0]
+    return relative.rsplit("/", 1)[0] if "/" in relative else relative
+
+
+def _check_checksums(fmt: str, path: Path, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
+    """Compare the CRC-32 of the metadata and of every zarr file / HDF5 dataset with those recorded."""
+    problems = report.problems
+    recorded = meta.get("checksums")
+    if not isinstance(recorded, dict) or recorded.get("algorithm") != "crc32":
+        problems.append("metadata 'checksums' is missing or not crc32; the cache was not finalised by elmo-cache")
+        return
+    if recorded.get("metadata") != metadata_checksum(meta):
+        problems.append(
+            f"metadata: CRC-32 {metadata_checksum(meta):#010x}, recorded {recorded.get('metadata')!r}: "
+            "the metadata was edited after the build"
+        )
+    found: list[str] = []
+    if fmt == "zarr":
+        try:
+            listing = json.loads((path / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{CHECKSUMS_FILE}: unreadable ({exc}); the file checksums cannot be checked")
+            return
+        for relative, (size, crc) in sorted(listing.items()):
+            where = f"{relative} (array {_array_of(relative)!r})"
+            file = path / relative
+            if not file.is_file():
+                found.append(f"{where}: file missing")
+                continue
+            actual_size, actual_crc = file_checksum(file)
+            if actual_size != size:
+                found.append(f"{where}: {actual_size} bytes, expected {size} (truncated or overwritten)")
+            elif actual_crc != crc:
+                found.append(f"{where}: CRC-32 {actual_crc:#010x}, expected {crc:#010x} (bytes changed: bit flip?)")
+    else:
+        for name, crc in sorted((recorded.get("datasets") or {}).items()):
+            dataset = arrays.get(name)
+            if dataset is None:
+                found.append(f"dataset {name!r}: missing")
+                continue
+            try:
+                actual = _dataset_checksum(dataset)
+            except Exception as exc:  # h5py raises many types for damaged files
+                found.append(f"dataset {name!r}: unreadable ({type(exc).__name__}: {exc})")
+                continue
+            if actual != crc:
+                found.append(
+                    f"dataset {name!r}: CRC-32 {actual:#010x}, expected {crc:#010x} (bytes changed: bit flip?)"
+                )
+    problems.extend(found[:20])
+    if len(found) > 20:
+        problems.append(f"... and {len(found) - 20} more damaged files or datasets")
+    if not problems:
+        what = "file" if fmt == "zarr" else "dataset"
+        report.checks.append(f"CRC-32 of the metadata and of every {what} match those recorded at the build")
+
+
+def _dataset_checksum(dataset: Any) -> int:
+    """CRC-32 of an HDF5 dataset's little-endian C-order bytes, read 64 MiB at a time."""
+    shape = dataset.shape
+    if not shape or shape[0] == 0:
+        return checksum(little_endian(dataset[()]))
+    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * dataset.dtype.itemsize)
+    step = max(1, (64 * 2**20) // row_bytes)
+    crc = 0
+    for start in range(0, shape[0], step):
+        crc = checksum(little_endian(dataset[start : start + step]), crc)
+    return crc
+
+
 def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
     problems = report.problems
-    if meta.get("format_version") != FORMAT_VERSION:
-        problems.append(
-            f"format_version {meta.get('format_version')!r}; this elmo-cache knows version {FORMAT_VERSION}"
-        )
     if meta.get("complete") is not True:
         problems.append("complete is not true: the build was interrupted; rerun the same build command to finish it")
+    names = arrays_of(meta["format_version"])
+    arrays = {name: arrays[name] for name in names}
     missing = [name for name, a in arrays.items() if a is None]
     if missing:
         problems.append(f"missing arrays: {missing}")
@@ -145,6 +266,8 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
     if str(vectors.dtype) != meta.get("dtype"):
         problems.append(f"vectors has dtype {vectors.dtype}, metadata says {meta.get('dtype')}")
     for name, dtype in INDEX_DTYPES.items():
+        if name not in arrays:
+            continue
         if str(arrays[name].dtype) != dtype or len(arrays[name].shape) != 1:
             problems.append(f"{name} is {arrays[name].dtype} {tuple(arrays[name].shape)}, expected 1-D {dtype}")
     if fmt == "hdf5":
@@ -224,21 +347,125 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         report.checks.append("index sorted, rows in range")
 
 
-def _check_corpus(
-    source: Corpus, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport, sample: int, seed: int
-) -> dict[int, list[str]]:
+def _sampled_tokens(texts: list[bytes], lengths: np.ndarray, sample: int, seed: int) -> dict[int, list[str]]:
+    """The tokens of ``sample`` random non-empty sentences, from the stored text."""
+    chosen = _choose(lengths, sample, seed)
+    return {i: texts[i].decode(*TEXT_ENCODING).split(" ") for i in sorted(chosen)}
+
+
+def _choose(lengths: np.ndarray, sample: int, seed: int) -> set[int]:
+    if not sample:
+        return set()
+    candidates = np.flatnonzero(lengths > 0)
+    if not len(candidates):
+        return set()
+    rng = np.random.default_rng(seed)
+    return set(rng.choice(candidates, size=min(sample, len(candidates)), replace=False).tolist())
+
+
+def _check_tokens(
+    meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport
+) -> tuple[np.ndarray, list[bytes]] | None:
+    """Check the stored tokens against the lengths and the index; return each sentence's hash and text."""
+    problems = report.problems
     lengths = np.asarray(arrays["lengths"][:])
     offsets = np.asarray(arrays["offsets"][:])
+    starts = np.asarray(arrays["tokens/offsets"][:])
+    text = np.asarray(arrays["tokens/bytes"][:]).tobytes()
     n = len(lengths)
-    chosen: set[int] = set()
-    if sample:
-        candidates = np.flatnonzero(lengths > 0)
-        rng = np.random.default_rng(seed)
-        chosen = (
-            set(rng.choice(candidates, size=min(sample, len(candidates)), replace=False).tolist())
-            if len(candidates)
-            else set()
+    if starts.shape != (n + 1,) or starts[0] != 0 or starts[-1] != len(text) or (np.diff(starts) < 0).any():
+        problems.append(
+            f"tokens/offsets ({len(starts)} entries, {starts[:1].tolist()}..{starts[-1:].tolist()}) is not an "
+            f"ascending run from 0 to the {len(text)} bytes of tokens/bytes with one entry per sentence plus one"
         )
+        return None
+    bounds = starts.tolist()
+    texts = [text[bounds[i] : bounds[i + 1]] for i in range(n)]
+    hashes = np.empty(n, dtype=np.uint64)
+    for i, key in enumerate(texts):
+        try:
+            sentence = key.decode(*TEXT_ENCODING)
+        except UnicodeDecodeError as exc:
+            problems.append(f"tokens/bytes: sentence {i} is not valid UTF-8 ({exc.reason})")
+            return None
+        tokens = sentence.split(" ") if sentence else []
+        if len(tokens) != lengths[i] or (tokens and sentence.split() != tokens):
+            problems.append(
+                f"tokens/bytes: sentence {i} holds {len(sentence.split())} tokens {sentence[:80]!r}, "
+                f"array lengths says {lengths[i]}"
+            )
+            return None
+        hashes[i] = sentence_hash(tokens)
+    if meta.get("dedupe"):
+        # Sentences sharing rows must be the same sentence (the build dedupes by hash).
+        nonempty = np.flatnonzero(lengths > 0)
+        _, first, inverse = np.unique(offsets[nonempty], return_index=True, return_inverse=True)
+        owners = nonempty[first][inverse]
+        for i, j in zip(nonempty.tolist(), owners.tolist()):
+            if i != j and texts[i] != texts[j]:
+                problems.append(f"sentences {j} and {i} share rows of vectors but hold different tokens")
+                return None
+    report.checks.append(f"stored tokens of all {n:,} sentences match their lengths")
+    if not _check_index(hashes, meta, arrays, report, "the stored tokens", texts):
+        return None
+    return hashes, texts
+
+
+def _check_index(
+    line_hashes: np.ndarray,
+    meta: dict[str, Any],
+    arrays: dict[str, Any],
+    report: VerifyReport,
+    source: str,
+    texts: list[bytes] | None = None,
+) -> bool:
+    """Whether the sentence index (and, with dedupe, the shared rows) matches the sentences' hashes.
+
+    With dedupe a sentence must share the rows of the first one of its hash, unless ``texts``
+    (the stored keys) show that the two differ: a hash collision, stored anew by the build.
+    """
+    n = len(line_hashes)
+    lengths = np.asarray(arrays["lengths"][:])
+    offsets = np.asarray(arrays["offsets"][:])
+    order = np.argsort(line_hashes, kind="stable")
+    ordered = line_hashes[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    if not (
+        np.array_equal(ordered[first], np.asarray(arrays["index/hashes"][:]))
+        and np.array_equal(order[first], np.asarray(arrays["index/rows"][:]))
+    ):
+        report.problems.append(f"the sentence index does not match {source} (hashes or first-occurrence rows differ)")
+        return False
+    if meta.get("dedupe"):
+        firsts = np.empty(n, dtype=np.int64)
+        group_start = np.cumsum(first) - 1
+        firsts[order] = order[first][group_start]
+        nonempty = lengths > 0
+        if texts is not None:
+            for i in np.flatnonzero(nonempty & (firsts != np.arange(n))).tolist():
+                if texts[i] != texts[firsts[i]]:
+                    nonempty[i] = False
+        if (offsets[nonempty] != offsets[firsts[nonempty]]).any():
+            bad = int(np.flatnonzero(nonempty & (offsets != offsets[firsts]))[0])
+            report.problems.append(f"sentence {bad} repeats sentence {firsts[bad]} but does not share its rows")
+            return False
+    report.checks.append(f"sentence index matches {source}")
+    return True
+
+
+def _check_corpus(
+    source: Corpus,
+    meta: dict[str, Any],
+    arrays: dict[str, Any],
+    report: VerifyReport,
+    sample: int,
+    seed: int,
+    stored: np.ndarray | None,
+) -> dict[int, list[str]]:
+    lengths = np.asarray(arrays["lengths"][:])
+    n = len(lengths)
+    chosen = _choose(lengths, sample, seed)
     tokens: dict[int, list[str]] = {}
     line_hashes = np.empty(n, dtype=np.uint64)
     count = 0
@@ -258,26 +485,17 @@ def _check_corpus(
         report.problems.append(f"{source.name} has {count} lines, the cache {n} sentences")
         return {}
     report.checks.append(f"token counts of all {n:,} lines match {source.name}")
-    order = np.argsort(line_hashes, kind="stable")
-    ordered = line_hashes[order]
-    first = np.ones(n, dtype=bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    if not (
-        np.array_equal(ordered[first], np.asarray(arrays["index/hashes"][:]))
-        and np.array_equal(order[first], np.asarray(arrays["index/rows"][:]))
-    ):
-        report.problems.append("the sentence index does not match the corpus (hashes or first-occurrence rows differ)")
-        return {}
-    if meta.get("dedupe"):
-        firsts = np.empty(n, dtype=np.int64)
-        group_start = np.cumsum(first) - 1
-        firsts[order] = order[first][group_start]
-        nonempty = lengths > 0
-        if (offsets[nonempty] != offsets[firsts[nonempty]]).any():
-            bad = int(np.flatnonzero(nonempty & (offsets != offsets[firsts]))[0])
-            report.problems.append(f"sentence {bad} repeats sentence {firsts[bad]} but does not share its rows")
+    if stored is not None:
+        differ = np.flatnonzero(stored != line_hashes)
+        if len(differ):
+            report.problems.append(
+                f"{source.name}, line {int(differ[0]) + 1}: other tokens than the cache stores for it"
+            )
             return {}
-    report.checks.append("sentence index matches the corpus")
+        report.checks.append(f"the stored tokens are those of {source.name}")
+        return tokens
+    if not _check_index(line_hashes, meta, arrays, report, source.name):
+        return {}
     return tokens
 
 

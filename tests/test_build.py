@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import sys
+import zlib
 
 import h5py
 import numpy as np
@@ -17,6 +19,7 @@ from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterErr
 from elmo_cache.export import export
 from elmo_cache.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
+from elmo_cache.store.format import metadata_checksum
 from elmo_cache.text.tokenize import tokenize
 from elmo_cache.verify import verify
 from tests._build_fixtures import corpus_lines, expected_rows, raw_arrays, write_corpus
@@ -136,7 +139,14 @@ def test_metadata_follows_the_format(tmp_path, corpus, tiny_encoder):
     output = tmp_path / "c.zarr"
     build(corpus, BuildOptions(output=output, layers="1,2", progress=False), encoder=tiny_encoder)
     meta, arrays = raw_arrays(output)
-    assert meta["format"] == "elmo-cache" and meta["format_version"] == 1
+    assert meta["format"] == "elmo-cache" and meta["format_version"] == 2
+    # Each line's tokens, joined by one space, as UTF-8; tokens/offsets has one entry per line plus one.
+    starts, text = arrays["tokens/offsets"], arrays["tokens/bytes"].tobytes()
+    assert starts.tolist()[0] == 0 and len(starts) == len(LINES) + 1 and starts[-1] == len(text)
+    assert [text[a:b].decode() for a, b in itertools.pairwise(starts.tolist())] == [
+        " ".join(line.split()) for line in LINES
+    ]
+    assert meta["checksums"]["algorithm"] == "crc32" and (output / meta["checksums"]["file"]).is_file()
     assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4) == 8192 and meta["compression"] is None
     assert json.loads((output / "vectors" / "zarr.json").read_text())["chunk_grid"]["configuration"]["chunk_shape"] == [
         8192,
@@ -157,7 +167,7 @@ def test_hdf5_datasets_are_contiguous_and_memory_mappable(tmp_path, corpus, tiny
     output = tmp_path / "c.h5"
     build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
     with h5py.File(output, "r") as f:
-        for name in ("vectors", "offsets", "lengths", "index/hashes", "index/rows"):
+        for name in ("vectors", "offsets", "lengths", "index/hashes", "index/rows", "tokens/bytes", "tokens/offsets"):
             assert f[name].chunks is None and f[name].compression is None
         ds = f["vectors"]
         mapped = np.memmap(output, dtype=ds.dtype, mode="r", offset=ds.id.get_offset(), shape=ds.shape)
@@ -175,6 +185,14 @@ def test_compressed_zarr_holds_the_same_vectors(tmp_path, corpus, tiny_encoder, 
         np.testing.assert_array_equal(a[name], b[name])
     codecs = json.loads((packed / "vectors" / "zarr.json").read_text())["codecs"]
     assert len(codecs) == 2 and codecs[0]["name"] == "bytes"
+    # Checksums cover the compressed chunk files as stored.
+    assert verify(packed).ok
+    chunk = packed / "vectors" / "c" / "0" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 1
+    chunk.write_bytes(bytes(data))
+    report = verify(packed)
+    assert not report.ok and report.problems[0].startswith("vectors/c/0/0/0 (array 'vectors'): CRC-32")
 
 
 def test_awkward_lines_each_have_their_stored_result(tmp_path, tiny_encoder):
@@ -366,11 +384,36 @@ def test_verify_passes_on_a_build_and_catches_damage(tmp_path, corpus, tiny_enco
     with h5py.File(output, "r+") as f:
         f["vectors"][3] = f["vectors"][3] + 1  # damage one row's values
     damaged = verify(output, sample=len(LINES), encoder=tiny_encoder)
+    assert not damaged.ok and damaged.problems[0].startswith("dataset 'vectors': CRC-32")
+    # Wrong vectors with matching checksums (as a faulty encoder would write) fail the re-encoding.
+    with h5py.File(output, "r+") as f:
+        meta = json.loads(f.attrs["elmo_cache"])
+        meta["checksums"]["datasets"]["vectors"] = zlib.crc32(f["vectors"][...].tobytes())
+        meta["checksums"]["metadata"] = metadata_checksum(meta)
+        f.attrs["elmo_cache"] = json.dumps(meta)
+    damaged = verify(output, sample=len(LINES), encoder=tiny_encoder)
     assert not damaged.ok and "differ from a fresh encoding" in damaged.problems[0]
     with h5py.File(output, "r+") as f:
         f["lengths"][2] = f["lengths"][2] + 1
     broken = verify(output)
-    assert not broken.ok and any("n_tokens" in p for p in broken.problems)
+    assert not broken.ok and broken.problems[0].startswith("dataset 'lengths': CRC-32")
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_verify_and_export_without_the_corpus(tmp_path, tiny_encoder, reference, suffix):
+    corpus = write_corpus(tmp_path / "gone.txt", LINES)
+    output = tmp_path / ("c" + suffix)
+    build(corpus, BuildOptions(output=output, dedupe=True, progress=False), encoder=tiny_encoder)
+    corpus.unlink()
+    report = verify(output, sample=6, encoder=tiny_encoder)
+    assert report.ok and report.corpus is None and report.sampled == 6, str(report)
+    assert "sentence index matches the stored tokens" in report.checks
+    summary = export(output, tmp_path / "allennlp.hdf5")
+    assert summary.from_tokens and summary.corpus is None
+    with h5py.File(tmp_path / "allennlp.hdf5", "r") as f:
+        mapping = json.loads(f["sentence_to_index"][0])
+        np.testing.assert_allclose(f["0"][...], reference[0], rtol=1e-6, atol=1e-6)
+    assert mapping == {" ".join(line.split()): str(i) for i, line in enumerate(LINES)}
 
 
 def test_export_writes_the_allennlp_layout(tmp_path, corpus, tiny_encoder, reference):

@@ -306,9 +306,9 @@ def test_missing_and_foreign_paths(tmp_path):
 def test_unsupported_version_and_bad_metadata(make_cache, fmt):
     path = make_cache(fmt=fmt)
     set_metadata(path, format_version=7)
-    with pytest.raises(CacheFormatError, match=r"unsupported format_version 7.*\[1\]"):
+    with pytest.raises(CacheFormatError, match=r"unsupported format_version 7.*\[1, 2\]"):
         elmo_cache.open(path)
-    set_metadata(path, format_version=1, kind="layered", dtype="float64")
+    set_metadata(path, format_version=2, kind="layered", dtype="float64")
     with pytest.raises(CacheFormatError, match="kind 'layered'.*dtype 'float64'"):
         elmo_cache.open(path)
 
@@ -372,13 +372,23 @@ def test_wrong_vector_shape(make_cache):
 
 def test_truncated_zarr_chunk(make_cache):
     path = make_cache()
-    chunk = path / "vectors" / "c" / "0" / "0" / "0"
+    # A middle chunk is checked when first read ...
+    chunk = path / "vectors" / "c" / "2" / "0" / "0"
     chunk.write_bytes(chunk.read_bytes()[:100])
     with (
         elmo_cache.open(path) as cache,
         pytest.raises(CacheFormatError, match="chunk of array 'vectors' has 100 bytes"),
     ):
-        cache[0]
+        cache[3]  # rows 10..16
+    # ... the first and the last by open itself.
+    last = (json.loads((path / "zarr.json").read_text())["attributes"]["elmo_cache"]["n_rows"] - 1) // 5
+    for c in (0, last):
+        chunk = path / "vectors" / "c" / str(c) / "0" / "0"
+        whole = chunk.read_bytes()
+        chunk.write_bytes(whole[:100])
+        with pytest.raises(CacheFormatError, match=f"c/{c}/0/0: chunk of array 'vectors' has 100 bytes"):
+            elmo_cache.open(path)
+        chunk.write_bytes(whole)
 
 
 def test_chunked_hdf5_dataset_is_refused(make_cache):

@@ -7,17 +7,33 @@ A container module (``elmo_cache.store.zarr`` / ``.hdf5``) must write a cache th
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
 import elmo_cache
 from elmo_cache import store
+from elmo_cache.errors import CacheFormatError
 from elmo_cache.store import Layout, Progress
-from elmo_cache.store.format import ARRAYS, FORMAT_NAME, FORMAT_VERSION, INDEX_DTYPES, decode_metadata, staging_path
+from elmo_cache.store.format import (
+    ARRAYS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_DTYPES,
+    META_KEY,
+    TOKEN_ARRAYS,
+    decode_metadata,
+    staging_path,
+)
+from elmo_cache.text.tokenize import sentence_hash
+from elmo_cache.verify import verify
 
 DIM = 4
+WORDS = ["the", "cat", "Zürich", "naïve", "—", "a\x00b", "42", ".", "日本語", "🙂"]
 
 
 def _metadata(progress: Progress, *, complete: bool, n_unique: int, row_shape: tuple[int, ...]) -> dict:
@@ -36,12 +52,32 @@ def _metadata(progress: Progress, *, complete: bool, n_unique: int, row_shape: t
         "n_tokens": progress.tokens,
         "n_rows": progress.rows,
         "n_unique": n_unique,
+        "dedupe": False,
+        "chunk_rows": 3 if progress.identity.get("fmt") == "zarr" else None,
     }
 
 
 def _sentences(n: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.standard_normal((int(rng.integers(0, 6)), 2, DIM)).astype(np.float32) for _ in range(n)]
+
+
+def _tokens(sentences: list[np.ndarray], first: int = 0) -> list[list[str]]:
+    """Distinct token lists of the sentences' lengths (sentence k's first token names k)."""
+    return [
+        [f"s{first + k}", *(WORDS[(first + k + j) % len(WORDS)] for j in range(len(s) - 1))][: len(s)]
+        for k, s in enumerate(sentences)
+    ]
+
+
+def _append(writer, sentences: list[np.ndarray], rows: int, first: int, row_shape) -> int:
+    lengths = np.array([len(s) for s in sentences], dtype=np.int32)
+    offsets = rows + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    tokens = _tokens(sentences, first)
+    hashes = np.array([sentence_hash(t) for t in tokens], dtype=np.uint64)
+    vectors = np.concatenate(sentences) if sentences else np.empty((0, *row_shape), np.float32)
+    writer.append(vectors, offsets, lengths, hashes, tokens)
+    return rows + int(lengths.sum())
 
 
 class StoreContract:
@@ -58,19 +94,13 @@ class StoreContract:
 
     def write(self, output: Path, sentences: list[np.ndarray], *, commit_every: int = 2, finalize: bool = True):
         layout = self.layout(sentences[0].shape[1:] if sentences else (2, DIM))
-        progress = Progress(identity={"test": True})
+        progress = Progress(identity={"fmt": self.fmt})
         writer = store.writer_class(self.fmt).create(
             output, layout, progress, _metadata(progress, complete=False, n_unique=0, row_shape=layout.row_shape)
         )
         rows = 0
         for k in range(0, len(sentences), commit_every):
-            batch = sentences[k : k + commit_every]
-            lengths = np.array([len(s) for s in batch], dtype=np.int32)
-            offsets = rows + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-            hashes = np.arange(k, k + len(batch), dtype=np.uint64) * np.uint64(7919) + np.uint64(1)
-            vectors = np.concatenate(batch) if batch else np.empty((0, *layout.row_shape), np.float32)
-            writer.append(vectors, offsets, lengths, hashes)
-            rows += int(lengths.sum())
+            rows = _append(writer, sentences[k : k + commit_every], rows, k, layout.row_shape)
             writer.commit(done=k + commit_every >= len(sentences))
         if not finalize:
             writer.close()
@@ -132,13 +162,11 @@ class StoreContract:
             np.array([99], np.int64),
             np.array([3], np.int32),
             np.array([5], np.uint64),
+            [["never", "committed", "tokens"]],
         )
         resumed.close()
         again = store.writer_class(self.fmt).resume(output, self.layout(), committed)
-        rows = committed.rows
-        lengths = np.array([len(s) for s in sentences[4:]], dtype=np.int32)
-        offsets = rows + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        again.append(np.concatenate(sentences[4:]), offsets, lengths, np.array([11, 12], np.uint64))
+        _append(again, sentences[4:], committed.rows, 4, (2, DIM))
         again.commit(done=True)
         hashes, _ = again.index()
         again.finalize(_metadata(again.progress, complete=True, n_unique=len(hashes), row_shape=(2, DIM)))
@@ -146,11 +174,14 @@ class StoreContract:
             assert len(cache) == 6
             for i, expected in enumerate(sentences):
                 np.testing.assert_array_equal(cache[i], expected.transpose(1, 0, 2))
+            assert [cache.tokens(i) for i in range(6)] == _tokens(sentences)
+        assert verify(output).ok
 
     def test_an_empty_cache(self, output):
         self.write(output, [])
         with elmo_cache.open(output) as cache:
             assert len(cache) == 0 and cache.n_tokens == 0 and cache.find("anything") is None
+        assert verify(output).ok
 
     def test_mixed_rows(self, output):
         rng = np.random.default_rng(5)
@@ -160,6 +191,234 @@ class StoreContract:
             assert cache.kind == "mix" and cache.layers is None
             for i, expected in enumerate(sentences):
                 np.testing.assert_array_equal(cache[i], expected)
+
+    # -- stored tokens -------------------------------------------------------------------------------
+
+    def test_tokens_are_stored_and_confirm_lookups(self, output):
+        sentences = _sentences(9, seed=6)
+        tokens = _tokens(sentences)
+        self.write(output, sentences)
+        with elmo_cache.open(output) as cache:
+            assert cache.stores_tokens and cache.format_version == FORMAT_VERSION
+            assert [cache.tokens(i) for i in range(len(cache))] == tokens
+            assert cache.tokens(-1) == tokens[-1]
+            for i, t in enumerate(tokens):
+                if t:
+                    assert cache.find(t) == i and cache.find(" ".join(t)) == i
+                    np.testing.assert_array_equal(cache.get(t), cache[i])
+        report = verify(output)  # the cache alone: no corpus anywhere
+        assert report.ok, str(report)
+        assert any("stored tokens" in c for c in report.checks) and any("CRC-32" in c for c in report.checks)
+
+    def test_a_hash_collision_never_answers_for_another_sentence(self, output, monkeypatch):
+        sentences = _sentences(4, seed=7)
+        sentences[1] = np.ones((3, 2, DIM), np.float32)
+        sentences[2] = np.full((3, 2, DIM), 2.0, np.float32)
+        a, b = ["the", "cat", "sat"], ["a", "dog", "ran"]  # same length, made to collide below
+        token_lists = [["x"] * len(sentences[0]), a, b, ["y"] * len(sentences[3])]
+        collide = sentence_hash(a)
+        hashes = [sentence_hash(token_lists[0]), collide, collide, sentence_hash(token_lists[3])]
+        layout = self.layout()
+        progress = Progress(identity={"fmt": self.fmt})
+        writer = store.writer_class(self.fmt).create(
+            output, layout, progress, _metadata(progress, complete=False, n_unique=0, row_shape=layout.row_shape)
+        )
+        lengths = np.array([len(s) for s in sentences], dtype=np.int32)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        writer.append(np.concatenate(sentences), offsets, lengths, np.array(hashes, np.uint64), token_lists)
+        writer.commit(done=True)
+        unique, _ = writer.index()
+        writer.finalize(_metadata(writer.progress, complete=True, n_unique=len(unique), row_shape=layout.row_shape))
+        with elmo_cache.open(output) as cache:
+            # The index holds one entry for the colliding hash: sentence 1, the first occurrence.
+            assert cache.find(a) == 1 and float(cache.get(a).max()) == 1.0
+            # Sentence 2 hashes to sentence 1's entry, has its length, but not its tokens: no answer.
+            assert cache.find(b) is None and cache.get(b) is None and b not in cache
+            assert cache.tokens(2) == b
+            # The same through the hash the lookup computes: every query now hashes like sentence 1.
+            monkeypatch.setattr("elmo_cache.reader.sentence_hash", lambda tokens: collide)
+            assert cache.get(["one", "two", "six"]) is None
+            assert cache.get("the cat sat") is not None
+
+    def test_format_1_caches_still_open_and_say_what_they_cannot_do(self, output, tmp_path):
+        sentences = _sentences(7, seed=8)
+        tokens = _tokens(sentences)
+        self.write(output, sentences)
+        write_format_1(output)
+        with elmo_cache.open(output) as cache:
+            assert cache.format_version == 1 and not cache.stores_tokens
+            for i, expected in enumerate(sentences):
+                np.testing.assert_array_equal(cache[i], expected.transpose(1, 0, 2))
+            i = next(k for k, t in enumerate(tokens) if t)
+            assert cache.find(tokens[i]) == i  # found by hash and length, as format 1 always was
+            with pytest.raises(CacheFormatError, match="format-1 cache stores no tokens"):
+                cache.tokens(i)
+        report = verify(output)
+        assert report.ok, str(report)
+        assert "no checksums" in str(report) and "--corpus" in str(report)
+        with pytest.raises(elmo_cache.InvalidParameterError, match="stores none: pass --corpus"):
+            verify(output, sample=2)
+        from elmo_cache.export import export
+
+        summary = export(output, tmp_path / "allennlp.h5")
+        assert not summary.from_tokens and summary.corpus is None and "format-1" in str(summary)
+        with h5py.File(tmp_path / "allennlp.h5", "r") as f:
+            assert "sentence_to_index" not in f and len(f) == len(sentences)
+
+    def test_export_needs_no_corpus(self, output, tmp_path):
+        from elmo_cache.export import export
+
+        sentences = _sentences(5, seed=9)
+        self.write(output, sentences)
+        summary = export(output, tmp_path / "allennlp.h5")
+        assert summary.from_tokens and "tokens stored in the cache" in str(summary)
+        with h5py.File(tmp_path / "allennlp.h5", "r") as f:
+            mapping = json.loads(f["sentence_to_index"][0])
+        tokens = _tokens(sentences)
+        assert mapping == {" ".join(t): str(i) for i, t in enumerate(tokens)}  # a repeat maps to its last line
+
+    # -- corruption ----------------------------------------------------------------------------------
+
+    def data_of(self, output: Path, name: str) -> tuple[Path, int]:
+        """The file holding the start of array ``name``'s data, and the byte offset there."""
+        if self.fmt == "zarr":
+            chunk = output / name / "c" / "0"
+            while chunk.is_dir():
+                chunk = chunk / "0"
+            return chunk, 0
+        with h5py.File(output, "r") as f:
+            return output, f[name].id.get_offset()
+
+    @pytest.mark.parametrize("name", ARRAYS)
+    def test_a_flipped_bit_in_any_array_is_found_by_verify(self, output, name):
+        self.write(output, _sentences(8, seed=10))
+        assert verify(output).ok
+        file, offset = self.data_of(output, name)
+        data = bytearray(file.read_bytes())
+        data[offset] ^= 0x10
+        file.write_bytes(bytes(data))
+        report = verify(output)
+        assert not report.ok
+        where = f"{name}/c/0" if self.fmt == "zarr" else f"dataset {name!r}"
+        assert where in report.problems[0] and "CRC-32" in report.problems[0] and "bit flip" in report.problems[0]
+
+    def test_a_truncated_file_is_found_by_open_and_verify(self, output):
+        self.write(output, _sentences(8, seed=11))
+        if self.fmt == "zarr":
+            with elmo_cache.open(output) as cache:
+                last = cache._vectors.n_chunks - 1
+            file = output / "vectors" / "c" / str(last) / "0" / "0"
+            file.write_bytes(file.read_bytes()[:-8])
+            opened, verified = f"c/{last}/0/0: chunk of array 'vectors'", f"vectors/c/{last}/0/0 (array 'vectors')"
+        else:
+            with h5py.File(output, "r") as f:
+                end = f["tokens/bytes"].id.get_offset() + 3
+            output.write_bytes(output.read_bytes()[:end])
+            opened = verified = str(output)
+        with pytest.raises(CacheFormatError, match="truncated|bytes") as info:
+            elmo_cache.open(output)
+        assert opened in str(info.value)
+        report = verify(output)
+        assert not report.ok and verified in report.problems[0], str(report)
+
+    @pytest.mark.parametrize("name", ["lengths", "tokens/bytes", "index/rows"])
+    def test_a_missing_array_is_found_by_open_and_verify(self, output, name):
+        self.write(output, _sentences(6, seed=12))
+        if self.fmt == "zarr":
+            shutil.rmtree(output / name)
+        else:
+            with h5py.File(output, "r+") as f:
+                del f[name]
+        with pytest.raises(CacheFormatError, match=f"array {name!r} is missing"):
+            elmo_cache.open(output)
+        report = verify(output)
+        assert not report.ok and name in report.problems[0] and "missing" in report.problems[0], str(report)
+
+    def test_edited_metadata_is_found(self, output):
+        self.write(output, _sentences(6, seed=13))
+        # Disagreeing with the arrays: open refuses.
+        set_metadata(output, n_sentences=5)
+        with pytest.raises(CacheFormatError, match="metadata says n_sentences = 5 but array 'offsets' has 6"):
+            elmo_cache.open(output)
+        report = verify(output)
+        assert not report.ok and "metadata was edited" in report.problems[0]
+        # Agreeing with the arrays: open cannot tell, verify does.
+        set_metadata(output, n_sentences=6, mix={"weights": [1, 0, 0], "gamma": 1.0, "raw": None, "softmax": False})
+        with elmo_cache.open(output) as cache:
+            assert len(cache) == 6
+        report = verify(output)
+        assert not report.ok and "metadata: CRC-32" in report.problems[0] and "edited" in report.problems[0]
+        # Not JSON at all.
+        set_metadata(output, raw="{not json")
+        with pytest.raises(CacheFormatError, match="not valid JSON|cannot read the zarr metadata"):
+            elmo_cache.open(output)
+        assert not verify(output).ok
+
+    def test_token_offsets_disagreeing_with_the_text_are_found_by_open(self, output):
+        self.write(output, _sentences(6, seed=14))
+        replace_array(output, "tokens/offsets", np.zeros(3, np.int64))
+        with pytest.raises(CacheFormatError, match=r"'tokens/offsets' has shape \(3,\), expected \(7,\)"):
+            elmo_cache.open(output)
+        replace_array(output, "tokens/offsets", np.array([0, 1, 2, 3, 4, 5, 10**6], np.int64))
+        with pytest.raises(CacheFormatError, match="'tokens/offsets' runs from 0 to 1000000 but 'tokens/bytes'"):
+            elmo_cache.open(output)
+
+
+def set_metadata(path: Path, raw: str | None = None, **changes) -> None:
+    """Edit the metadata attribute in place (``raw``: replace it with that text)."""
+    if path.is_dir():
+        meta_file = path / "zarr.json"
+        if raw is not None:
+            meta_file.write_text(raw)
+            return
+        group = json.loads(meta_file.read_text())
+        group["attributes"][META_KEY].update(changes)
+        meta_file.write_text(json.dumps(group))
+    else:
+        with h5py.File(path, "r+") as f:
+            if raw is None:
+                meta = json.loads(f.attrs[META_KEY])
+                meta.update(changes)
+                raw = json.dumps(meta)
+            f.attrs[META_KEY] = raw
+
+
+def replace_array(path: Path, name: str, data: np.ndarray) -> None:
+    if path.is_dir():
+        import zarr
+
+        shutil.rmtree(path / name)
+        group = zarr.open_group(str(path), mode="r+")
+        group.create_array(name, shape=data.shape, chunks=(max(1, len(data)),), dtype=data.dtype, compressors=None)[
+            ...
+        ] = data
+    else:
+        with h5py.File(path, "r+") as f:
+            del f[name]
+            f.create_dataset(name, data=data)
+
+
+def write_format_1(path: Path) -> None:
+    """Turn a cache into the format-1 layout: no token arrays, no checksums, format_version 1."""
+    if path.is_dir():
+        for name in TOKEN_ARRAYS:
+            shutil.rmtree(path / name)
+        (path / "tokens" / "zarr.json").unlink(missing_ok=True)
+        (path / "tokens").rmdir()
+        (path / "checksums.json").unlink()
+        meta_file = path / "zarr.json"
+        group = json.loads(meta_file.read_text())
+        meta = group["attributes"][META_KEY]
+        meta.pop("checksums")
+        meta["format_version"] = 1
+        meta_file.write_text(json.dumps(group))
+    else:
+        with h5py.File(path, "r+") as f:
+            del f["tokens"]
+            meta = json.loads(f.attrs[META_KEY])
+            meta.pop("checksums")
+            meta["format_version"] = 1
+            f.attrs[META_KEY] = json.dumps(meta)
 
 
 class TestZarrStore(StoreContract):

@@ -1,44 +1,67 @@
 """Deduplication: each distinct sentence is encoded and stored once; repeats point at its rows.
 
-A sentence is a repeat when its 64-bit hash *and* its token count match an earlier one (in the
-same window or in any earlier one, including those of an interrupted run). On a hash collision
-between different sentences, the first keeps the hash and the later one is stored anew.
+A sentence is a repeat when its 64-bit hash, its token count *and* a second, independent 64-bit
+hash of its key (:func:`check_hashes`) match an earlier one (in the same window or in any earlier
+one, including those of an interrupted run): two different sentences would have to collide on
+128 bits to share rows. On a collision of the index hash between different sentences, the first
+keeps the hash and the later one is stored anew.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+
 import numpy as np
 
-__all__ = ["SeenSentences", "assign_rows"]
+from elmo_cache.store.format import TEXT_ENCODING
+
+__all__ = ["SeenSentences", "assign_rows", "check_hashes", "check_hashes_of_keys"]
+
+
+def check_hashes_of_keys(keys: Iterable[bytes]) -> np.ndarray:
+    """The dedupe check hash (BLAKE2b-64 personalised "elmo-dedupe") of each UTF-8 sentence key."""
+    return np.array(
+        [int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"elmo-dedupe").digest(), "little") for key in keys],
+        dtype=np.uint64,
+    )
+
+
+def check_hashes(token_lists: Sequence[Sequence[str]]) -> np.ndarray:
+    """The dedupe check hash of each sentence (its tokens joined by one space, as stored)."""
+    return check_hashes_of_keys(" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists)
 
 
 class SeenSentences:
     """First occurrences (hash -> offset, length) in sorted numpy runs, ~20 bytes per distinct sentence.
 
-    A dict would need ~10x that for 100M sentences. Runs are merged when the newest is at
+    (28 with the check hash.) A dict would need ~10x that for 100M sentences. Runs are merged when the newest is at
     least half the size of the one before, so there are O(log n) of them to search.
     """
 
     def __init__(self) -> None:
-        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # (hashes, offsets, lengths, check hashes), sorted by hash
+        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def lookup(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def lookup(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         found = np.zeros(len(hashes), dtype=bool)
         offsets = np.zeros(len(hashes), dtype=np.int64)
         lengths = np.zeros(len(hashes), dtype=np.int32)
-        for run_hashes, run_offsets, run_lengths in self.runs:
+        checks = np.zeros(len(hashes), dtype=np.uint64)
+        for run_hashes, run_offsets, run_lengths, run_checks in self.runs:
             pos = np.minimum(np.searchsorted(run_hashes, hashes), len(run_hashes) - 1)
             hit = (run_hashes[pos] == hashes) & ~found
             offsets[hit] = run_offsets[pos[hit]]
             lengths[hit] = run_lengths[pos[hit]]
+            checks[hit] = run_checks[pos[hit]]
             found |= hit
-        return found, offsets, lengths
+        return found, offsets, lengths, checks
 
-    def add(self, hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    def add(self, hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, checks: np.ndarray) -> None:
         if not len(hashes):
             return
         order = np.argsort(hashes, kind="stable")
-        self.runs.append((hashes[order], offsets[order], lengths[order]))
+        self.runs.append((hashes[order], offsets[order], lengths[order], checks[order]))
         while len(self.runs) >= 2 and 2 * len(self.runs[-1][0]) >= len(self.runs[-2][0]):
             b, a = self.runs.pop(), self.runs.pop()
             merged = [np.concatenate([x, y]) for x, y in zip(a, b)]
@@ -46,41 +69,57 @@ class SeenSentences:
             self.runs.append(tuple(m[order] for m in merged))  # type: ignore[arg-type]
 
     @classmethod
-    def rebuild(cls, hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> SeenSentences:
-        """The state after the committed lines: first occurrence of every non-empty sentence."""
+    def rebuild(
+        cls, hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, key: Callable[[int], bytes]
+    ) -> SeenSentences:
+        """The state after the committed lines (``key(i)``: line i's stored key): the first
+        occurrence of every non-empty sentence's hash, which is the one rows were shared with."""
         seen = cls()
         keep = np.flatnonzero(lengths > 0)
         if len(keep):
             _, first = np.unique(hashes[keep], return_index=True)
             lines = keep[first]
-            seen.add(np.asarray(hashes[lines]), np.asarray(offsets[lines]), np.asarray(lengths[lines]))
+            seen.add(
+                np.asarray(hashes[lines]),
+                np.asarray(offsets[lines]),
+                np.asarray(lengths[lines]),
+                check_hashes_of_keys(key(i) for i in lines.tolist()),
+            )
         return seen
 
 
 def assign_rows(
-    hashes: np.ndarray, lengths: np.ndarray, rows_before: int, seen: SeenSentences | None
+    hashes: np.ndarray,
+    lengths: np.ndarray,
+    rows_before: int,
+    seen: SeenSentences | None,
+    checks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of one window's sentences: ``(offsets, new)``, where ``new`` marks the sentences to encode.
 
-    New sentences get consecutive rows from ``rows_before`` in input order; with ``seen`` (dedupe),
-    repeats get the offset of their first occurrence and ``seen`` learns this window's firsts.
+    New sentences get consecutive rows from ``rows_before`` in input order; with ``seen`` (dedupe,
+    which needs each sentence's ``checks`` hash), repeats get the offset of their first occurrence
+    and ``seen`` learns this window's firsts.
     """
     n = len(lengths)
     offsets = np.empty(n, dtype=np.int64)
     new = np.ones(n, dtype=bool)
     local: dict[int, int] = {}  # hash -> line in window
     if seen is not None:
-        found, seen_offsets, seen_lengths = seen.lookup(hashes)
+        if checks is None:
+            raise ValueError("assign_rows: dedupe needs the check hashes")
+        found, seen_offsets, seen_lengths, seen_checks = seen.lookup(hashes)
     row = rows_before
     for i in range(n):
         length = int(lengths[i])
         if seen is not None and length:
+            assert checks is not None
             h = int(hashes[i])
             j = local.get(h)
-            if j is not None and lengths[j] == length:
+            if j is not None and lengths[j] == length and checks[j] == checks[i]:
                 offsets[i], new[i] = offsets[j], False
                 continue
-            if found[i] and seen_lengths[i] == length:
+            if found[i] and seen_lengths[i] == length and seen_checks[i] == checks[i]:
                 offsets[i], new[i] = seen_offsets[i], False
                 continue
             if j is None and not found[i]:  # on a 64-bit collision the first sentence keeps the hash
@@ -89,5 +128,6 @@ def assign_rows(
         row += length
     if seen is not None:
         firsts = np.fromiter(local.values(), dtype=np.int64, count=len(local))
-        seen.add(hashes[firsts], offsets[firsts], lengths[firsts])
+        assert checks is not None
+        seen.add(hashes[firsts], offsets[firsts], lengths[firsts], checks[firsts])
     return offsets, new

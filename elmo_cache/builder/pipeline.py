@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.builder.dedupe import SeenSentences, assign_rows
+from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, options_json, prepare_output
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
@@ -73,6 +73,7 @@ class _Encoded:
     lengths: np.ndarray
     hashes: np.ndarray
     encoded_tokens: int
+    tokens: list[list[str]]
 
 
 class _End:
@@ -192,7 +193,7 @@ class _WriterThread(threading.Thread):
                 if isinstance(item, _End):
                     self._commit(item.done)
                     return
-                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes)
+                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens)
                 self._encoded_since += item.encoded_tokens
                 self.tokens += int(item.lengths.sum(dtype=np.int64))
                 if self.bar is not None:
@@ -243,7 +244,8 @@ class _Encoding:
     def __call__(self, window: _Window, rows_before: int) -> _Encoded:
         self._forget_words()
         lengths = window.lengths
-        offsets, new = assign_rows(window.hashes, lengths, rows_before, self.seen)
+        checks = check_hashes(window.tokens) if self.seen is not None else None
+        offsets, new = assign_rows(window.hashes, lengths, rows_before, self.seen, checks)
         vectors = np.empty((int(lengths[new].sum(dtype=np.int64)), *self.row_shape), dtype=self.np_dtype)
         todo = sorted((i for i in range(len(lengths)) if new[i] and lengths[i]), key=lambda i: lengths[i])
         encoded = 0
@@ -260,7 +262,7 @@ class _Encoding:
                 vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
                 encoded += length
             start = stop
-        return _Encoded(vectors, offsets, lengths, window.hashes, encoded)
+        return _Encoded(vectors, offsets, lengths, window.hashes, encoded, window.tokens)
 
 
 def _now() -> str:
@@ -371,6 +373,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
             np.asarray(committed) if committed is not None else np.empty(0, np.uint64),
             np.asarray(writer.offsets.read(progress.lines)),
             np.asarray(writer.lengths.read(progress.lines)),
+            writer.committed_key,
         )
     encode = _Encoding(encoder, plan, batch_tokens, seen)
 

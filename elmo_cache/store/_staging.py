@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -19,9 +20,28 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE, staging_path
+from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE, TEXT_ENCODING, staging_path
 
-__all__ = ["Layout", "Progress", "RawColumn", "Writer", "load_progress", "atomic_write_json", "fsync_path"]
+__all__ = [
+    "Layout",
+    "Progress",
+    "RawColumn",
+    "Writer",
+    "encode_tokens",
+    "load_progress",
+    "atomic_write_json",
+    "fsync_path",
+]
+
+
+def encode_tokens(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """``tokens/bytes`` of consecutive sentences (uint8) and each sentence's byte count (int64).
+
+    A sentence is stored as its key, the tokens joined by one space (tokens never hold whitespace).
+    """
+    keys = [" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists]
+    sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    return np.frombuffer(b"".join(keys), dtype=np.uint8), sizes
 
 
 @dataclass(frozen=True)
@@ -113,7 +133,10 @@ class RawColumn:
         want = committed_items * self.item_bytes
         if not self.path.exists():
             if want:
-                raise CacheFormatError(f"{self.path}: missing, but {committed_items} items were committed")
+                raise CacheFormatError(
+                    f"{self.path}: missing, but {committed_items} items were committed (a build begun by an older "
+                    "elmo-cache, or a damaged staging folder); rerun with --overwrite"
+                )
             self.path.touch()
         size = self.path.stat().st_size
         if size < want:
@@ -160,7 +183,11 @@ class Writer:
         self.offsets = RawColumn(self.build_dir / "offsets.bin", "int64")
         self.lengths = RawColumn(self.build_dir / "lengths.bin", "int32")
         self.hashes = RawColumn(self.build_dir / "hashes.bin", "uint64")
-        self._columns = (self.offsets, self.lengths, self.hashes)
+        # Each sentence's tokens: the UTF-8 bytes of its key, and where each sentence's bytes end.
+        self.text_ends = RawColumn(self.build_dir / "text_ends.bin", "int64")
+        self.text = RawColumn(self.build_dir / "text.bin", "uint8")
+        self._columns = (self.offsets, self.lengths, self.hashes, self.text_ends)
+        self._text_bytes = 0  # bytes of text.bin committed and appended
         # rows appended since the last commit, beyond progress.rows
         self._pending_lines = 0
         self._pending_rows = 0
@@ -190,21 +217,37 @@ class Writer:
     def _open(self) -> None:
         for column in self._columns:
             column.open(self.progress.lines)
+        lines = self.progress.lines
+        self._text_bytes = int(self.text_ends.read(lines)[lines - 1]) if lines else 0
+        self.text.open(self._text_bytes)
         self._open_vectors()
 
     def close(self) -> None:
-        for column in self._columns:
+        for column in (*self._columns, self.text):
             column.close()
         self._close_vectors()
 
     # -- writing ------------------------------------------------------------------------------
 
-    def append(self, vectors: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> None:
-        """Append the rows and per-sentence entries of consecutive sentences (not yet durable)."""
+    def append(
+        self,
+        vectors: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        hashes: np.ndarray,
+        tokens: Sequence[Sequence[str]],
+    ) -> None:
+        """Append the rows, per-sentence entries and tokens of consecutive sentences (not yet durable)."""
+        if len(tokens) != len(lengths) or any(len(t) != n for t, n in zip(tokens, lengths.tolist())):
+            raise ValueError("append: tokens must hold one token list per sentence, of the sentence's length")
+        text, sizes = encode_tokens(tokens)
         self._append_vectors(vectors)
         self.offsets.append(offsets)
         self.lengths.append(lengths)
         self.hashes.append(hashes)
+        self.text.append(text)
+        self.text_ends.append(self._text_bytes + np.cumsum(sizes))
+        self._text_bytes += len(text)
         self._pending_lines += len(lengths)
         self._pending_rows += len(vectors)
         self._pending_tokens += int(np.sum(lengths, dtype=np.int64))
@@ -212,7 +255,7 @@ class Writer:
     def commit(self, *, done: bool = False, seconds: float = 0.0, encoded_tokens: int = 0) -> None:
         """Make everything appended durable, then record it in ``progress.json``."""
         extra = self._sync_vectors()
-        for column in self._columns:
+        for column in (*self._columns, self.text):
             column.sync()
         p = self.progress
         p.lines += self._pending_lines
@@ -248,12 +291,27 @@ class Writer:
     def small_arrays(self) -> dict[str, np.ndarray]:
         n = self.progress.lines
         hashes, rows = self.index()
+        starts = np.zeros(n + 1, dtype=np.int64)
+        starts[1:] = self.text_ends.read(n)
         return {
             "offsets": self.offsets.read(n),
             "lengths": self.lengths.read(n),
             "index/hashes": hashes,
             "index/rows": rows,
+            "tokens/bytes": self.text.read(int(starts[-1])),
+            "tokens/offsets": starts,
         }
+
+    def committed_key(self, i: int) -> bytes:
+        """The stored key (UTF-8 tokens joined by one space) of committed line ``i``."""
+        lines = self.progress.lines
+        cached = getattr(self, "_keys", None)
+        if cached is None or cached[0] != lines:
+            ends = self.text_ends.read(lines)
+            cached = self._keys = (lines, ends, self.text.read(int(ends[-1]) if lines else 0))
+        _, ends, text = cached
+        start = int(ends[i - 1]) if i else 0
+        return text[start : int(ends[i])].tobytes()
 
     def remove_staging(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)

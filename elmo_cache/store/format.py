@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,15 @@ __all__ = [
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
     "ARRAYS",
+    "ARRAYS_V1",
+    "TOKEN_ARRAYS",
+    "arrays_of",
     "INDEX_DTYPES",
+    "TEXT_ENCODING",
+    "CHECKSUM_ALGORITHM",
+    "CHECKSUMS_FILE",
+    "checksum",
+    "metadata_checksum",
     "VECTOR_DTYPES",
     "KINDS",
     "LAYER_IDS",
@@ -45,17 +54,39 @@ META_KEY = "elmo_cache"
 FORMAT_NAME = "elmo-cache"
 """Value of the metadata key ``format``."""
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version this elmo-cache writes."""
 
-FORMAT_VERSIONS = (1,)
-"""Versions this elmo-cache reads."""
+FORMAT_VERSIONS = (1, 2)
+"""Versions this elmo-cache reads (1: no stored tokens, no checksums)."""
 
-ARRAYS = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
-"""Every array of a cache (``vectors``' dtype comes from the metadata)."""
+ARRAYS_V1 = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
+"""The arrays of a version-1 cache."""
 
-INDEX_DTYPES = {"offsets": "int64", "lengths": "int32", "index/hashes": "uint64", "index/rows": "int64"}
-"""dtype of each per-sentence and index array."""
+TOKEN_ARRAYS = ("tokens/bytes", "tokens/offsets")
+"""Each sentence's tokens (version 2): UTF-8 bytes of the sentence key, and where each sentence's bytes start."""
+
+ARRAYS = ARRAYS_V1 + TOKEN_ARRAYS
+"""Every array of a cache this elmo-cache writes (``vectors``' dtype comes from the metadata)."""
+
+INDEX_DTYPES = {
+    "offsets": "int64",
+    "lengths": "int32",
+    "index/hashes": "uint64",
+    "index/rows": "int64",
+    "tokens/bytes": "uint8",
+    "tokens/offsets": "int64",
+}
+"""dtype of each array but ``vectors``."""
+
+TEXT_ENCODING = ("utf-8", "surrogatepass")
+"""How ``tokens/bytes`` encodes a sentence key (tokens joined by one space), as the sentence hash does."""
+
+CHECKSUM_ALGORITHM = "crc32"
+"""Metadata ``checksums.algorithm``: zlib's CRC-32 of the stored bytes."""
+
+CHECKSUMS_FILE = "checksums.json"
+"""zarr: file at the group root holding the size and CRC-32 of every file but the root ``zarr.json``."""
 
 VECTOR_DTYPES = ("float16", "float32")
 """Storage dtypes of ``vectors``."""
@@ -92,6 +123,25 @@ ZARR_JSON = "zarr.json"
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 """First bytes of an HDF5 file (at offset 0 or after a user block of 512 * 2**k bytes)."""
+
+
+def arrays_of(version: int) -> tuple[str, ...]:
+    """The arrays a cache of format ``version`` holds."""
+    return ARRAYS_V1 if version == 1 else ARRAYS
+
+
+def checksum(data: Any, value: int = 0) -> int:
+    """CRC-32 of ``data`` (bytes or a C-contiguous array), continuing from ``value``."""
+    if isinstance(data, bytes):
+        return zlib.crc32(data, value)
+    view = memoryview(data)
+    return zlib.crc32(view.cast("B") if view.nbytes else b"", value)
+
+
+def metadata_checksum(meta: dict[str, Any]) -> int:
+    """CRC-32 of the metadata's canonical JSON, leaving out ``checksums`` itself and the ``build`` log."""
+    kept = {k: v for k, v in meta.items() if k not in ("checksums", "build")}
+    return zlib.crc32(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode("utf-8"))
 
 
 def staging_path(output: Path) -> Path:

@@ -11,8 +11,9 @@ time whatever the cache size.
 Writing. HDF5 files are not crash safe (a killed writer can leave the whole file unreadable) and a
 contiguous dataset, the only kind a reader can memory-map, cannot grow. So the build appends
 vectors to a raw ``vectors.bin`` in the staging folder and only the finished build writes
-``cache.h5`` there, with every dataset contiguous and of its final shape, then renames it to
-the output path: the output only ever holds a finished cache.
+``cache.h5`` there, with every dataset contiguous and of its final shape (and records each
+dataset's CRC-32 in the metadata), then renames it to the output path: the output only ever
+holds a finished cache.
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
-from elmo_cache.store.format import ARRAYS, HDF5_SIGNATURE, META_KEY, decode_metadata
+from elmo_cache.store.format import (
+    ARRAYS,
+    CHECKSUM_ALGORITHM,
+    HDF5_SIGNATURE,
+    META_KEY,
+    checksum,
+    decode_metadata,
+    metadata_checksum,
+)
 
-__all__ = ["Hdf5Writer", "is_store", "read_metadata", "open_arrays", "open_with_library"]
+__all__ = ["Hdf5Writer", "is_store", "read_metadata", "open_arrays", "open_with_library", "little_endian"]
 
 # Rows copied per step when the vectors move into the HDF5 file (bounds memory, keeps writes large).
 _COPY_BYTES = 64 * 2**20
@@ -132,6 +141,12 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
 # -- writing ----------------------------------------------------------------------------------------
 
 
+def little_endian(data: Any) -> np.ndarray:
+    """``data`` as a C-contiguous little-endian array (no copy when it already is one)."""
+    array = np.asarray(data)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
 class Hdf5Writer(Writer):
     """Writes an HDF5 cache (FORMAT.md) through its staging folder."""
 
@@ -162,17 +177,31 @@ class Hdf5Writer(Writer):
         tmp.unlink(missing_ok=True)
         self.vectors.sync()
         source = self.vectors.read(rows)
+        # CRC-32 of each dataset's little-endian C-order bytes, computed from what is written.
+        crcs: dict[str, int] = {}
         with h5py.File(tmp, "w") as f:
             f.attrs[META_KEY] = json.dumps({**metadata, "complete": False})
             # No chunks, no compression, fixed shape: contiguous, so readers can numpy.memmap it.
             dataset = f.create_dataset("vectors", shape=source.shape, dtype=source.dtype)
             step = max(1, _COPY_BYTES // max(1, self.layout.row_bytes))
+            crc = 0
             for start in range(0, rows, step):
-                dataset[start : start + step] = source[start : start + step]
+                block = little_endian(source[start : start + step])
+                dataset[start : start + step] = block
+                crc = checksum(block, crc)
+            crcs["vectors"] = crc
             for name, data in self.small_arrays().items():
-                f.create_dataset(name, data=np.asarray(data))
+                array = little_endian(data)
+                f.create_dataset(name, data=array)
+                crcs[name] = checksum(array)
             f.flush()
-            f.attrs[META_KEY] = json.dumps(metadata)
+            final = {**metadata}
+            final["checksums"] = {
+                "algorithm": CHECKSUM_ALGORITHM,
+                "datasets": crcs,
+                "metadata": metadata_checksum(final),
+            }
+            f.attrs[META_KEY] = json.dumps(final)
         del source
         fsync_path(tmp)
         self.close()

@@ -27,9 +27,10 @@ folder ``<output>.partial/`` *is* the zarr group being built. Full chunks of ``v
 written as soon as their rows exist, so finishing a build never copies the vectors again (at
 several KB per token that copy would cost as much as a slow encoder); the rows of the last,
 incomplete chunk wait in a small ``tail-N.bin`` file that each commit rewrites (at most one
-chunk). Finishing writes the per-sentence arrays and the index, sets
-``complete: true`` and renames the folder to the output, so the output path only ever holds
-a finished cache.
+chunk). Each committed chunk file's size and CRC-32 are staged as it is synced. Finishing
+writes the per-sentence arrays, the tokens and the index, then ``checksums.json`` (size and
+CRC-32 of every file but the root ``zarr.json``), sets ``complete: true`` and renames the folder
+to the output, so the output path only ever holds a finished cache.
 """
 
 from __future__ import annotations
@@ -47,13 +48,25 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store._staging import Layout, Progress, Writer, fsync_path
-from elmo_cache.store.format import ARRAYS, BUILD_DIR, META_KEY, ZARR_JSON, decode_metadata
+from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
+from elmo_cache.store.format import (
+    ARRAYS,
+    BUILD_DIR,
+    CHECKSUM_ALGORITHM,
+    CHECKSUMS_FILE,
+    META_KEY,
+    ZARR_JSON,
+    checksum,
+    decode_metadata,
+    metadata_checksum,
+)
 
 __all__ = [
     "COMPRESSIONS",
     "SMALL_CHUNK",
+    "TEXT_CHUNK",
     "ChunkedArray",
+    "file_checksum",
     "ZarrWriter",
     "is_store",
     "read_metadata",
@@ -68,6 +81,22 @@ COMPRESSIONS = ("none", "zstd", "blosc-lz4", "blosc-zstd")
 # them chunk by chunk or load them whole; this size keeps a 100M-line cache at ~1,500 small
 # files per array while a binary search of the index still touches only a few of them.
 SMALL_CHUNK = 1 << 16
+
+# Bytes per chunk of ``tokens/bytes`` (about 60 bytes a sentence: ~70,000 sentences a chunk).
+TEXT_CHUNK = 1 << 22
+
+# Bytes read at a time when a file's CRC-32 is computed.
+_CRC_BYTES = 16 * 2**20
+
+
+def file_checksum(path: Path) -> tuple[int, int]:
+    """``(size, CRC-32)`` of the file at ``path``, read in pieces."""
+    crc = size = 0
+    with open(path, "rb") as f:
+        while piece := f.read(_CRC_BYTES):
+            crc = checksum(piece, crc)
+            size += len(piece)
+    return size, crc
 
 
 def is_store(path: Path) -> bool:
@@ -243,6 +272,20 @@ class MappedChunks(ChunkedArray):
         if len(self._maps) > self._max_maps:
             self._maps.popitem(last=False)
         return block
+
+    def check_files(self) -> None:
+        """Check the sizes of the first and last chunk files (two ``stat`` calls; the rest on first use)."""
+        for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
+            path = self._directory / self._key(c, self.ndim)
+            try:
+                size = os.path.getsize(path)
+            except FileNotFoundError:
+                continue  # reads as the fill value, as zarr specifies
+            if size != self._chunk_bytes:
+                raise CacheFormatError(
+                    f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
+                    f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
+                )
 
     def contiguous(self) -> np.ndarray | None:
         if self.n_chunks == 1:
@@ -420,6 +463,8 @@ class ZarrWriter(Writer):
         self._tail = np.empty((0, *layout.row_shape), dtype=layout.dtype)
         self._full_rows = 0  # rows held in full chunks
         self._synced_chunks = 0  # chunks known to be on stable storage
+        # (size, CRC-32) of each synced chunk file of vectors, for checksums.json.
+        self.chunk_sums = RawColumn(self.build_dir / "chunk_sums.bin", "int64", (2,))
 
     # -- container hooks ----------------------------------------------------------------------
 
@@ -456,6 +501,7 @@ class ZarrWriter(Writer):
         rows = self.progress.rows
         self._full_rows = rows // self.chunk_rows * self.chunk_rows
         self._synced_chunks = self._full_rows // self.chunk_rows
+        self.chunk_sums.open(self._synced_chunks)
         # A crash may have left chunks past the last commit; they are rewritten or dropped.
         self._set_rows(self._full_rows)
         chunk_dir = self._chunk_dir()
@@ -513,7 +559,10 @@ class ZarrWriter(Writer):
     def _sync_vectors(self) -> dict[str, Any]:
         chunks = self._full_rows // self.chunk_rows
         for c in range(self._synced_chunks, chunks):
-            fsync_path(self._chunk_path(c))
+            path = self._chunk_path(c)
+            fsync_path(path)
+            self.chunk_sums.append(np.array([file_checksum(path)], dtype=np.int64))
+        self.chunk_sums.sync()
         self._synced_chunks = chunks
         commit = int(self.progress.extra.get("commit", 0)) + 1
         name = f"tail-{commit}.bin"
@@ -531,8 +580,35 @@ class ZarrWriter(Writer):
 
     def _close_vectors(self) -> None:
         self._array = None
+        self.chunk_sums.close()
 
     # -- finishing ----------------------------------------------------------------------------
+
+    def _write_checksums(self) -> None:
+        """``checksums.json``: size and CRC-32 of every file of the group but the root ``zarr.json``.
+
+        Committed chunks of ``vectors`` were summed when they were synced; the rest is read now.
+        """
+        known = {
+            self._chunk_path(c).relative_to(self.staging).as_posix(): (int(size), int(crc))
+            for c, (size, crc) in enumerate(self.chunk_sums.read(self._synced_chunks).tolist())
+        }
+        files: dict[str, list[int]] = {}
+        for directory, subdirectories, names in os.walk(self.staging):
+            relative = Path(directory).relative_to(self.staging)
+            if relative.parts[:1] == (BUILD_DIR,):
+                subdirectories.clear()
+                continue
+            for name in names:
+                key = (relative / name).as_posix()
+                if key in (ZARR_JSON, CHECKSUMS_FILE):
+                    continue
+                files[key] = list(known.get(key) or file_checksum(Path(directory) / name))
+        path = self.staging / CHECKSUMS_FILE
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"algorithm": CHECKSUM_ALGORITHM, "files": files}, f, sort_keys=True, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
 
     def finalize(self, metadata: dict[str, Any]) -> Path:
         import zarr
@@ -548,7 +624,7 @@ class ZarrWriter(Writer):
                 name,
                 shape=data.shape,
                 dtype=data.dtype,
-                chunks=(max(1, min(len(data), SMALL_CHUNK)),),
+                chunks=(max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK)),),
                 compressors=None,
                 fill_value=0,
                 overwrite=True,
@@ -562,8 +638,15 @@ class ZarrWriter(Writer):
                 continue  # vector chunks were synced as they were committed
             for file in files:
                 fsync_path(Path(directory) / file)
+        self._write_checksums()
         # complete=true is the last write into the group; the rename then publishes it whole.
-        group.attrs[META_KEY] = metadata
+        final = {**metadata}
+        final["checksums"] = {
+            "algorithm": CHECKSUM_ALGORITHM,
+            "file": CHECKSUMS_FILE,
+            "metadata": metadata_checksum(final),
+        }
+        group.attrs[META_KEY] = final
         fsync_path(self.staging / ZARR_JSON)
         self.close()
         os.rename(self.staging, self.output)
