@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -51,6 +52,24 @@ def test_encoder_load_without_a_name_is_the_bundled_model(bundled_model, offline
     assert encoder.identity["weights_sha256"] == hub.file_sha256(bundled_model.weight_file)
     assert encoder.embed_sentence(["Hello", "!"]).shape == (3, 2, 256)
     assert Encoder.load("bundled", device="cpu").identity == encoder.identity
+
+
+def _readme_python_blocks() -> list[str]:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    return [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+
+
+def test_the_readme_python_examples_run_unchanged_offline(tmp_path, bundled_model, offline, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _corpus(tmp_path)
+    result = CliRunner().invoke(cli, ["build", "corpus.txt", "--layers", "1,2", "--fp16", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    blocks = _readme_python_blocks()
+    assert len(blocks) >= 2 and "elmo_cache.open" in blocks[0] and "Encoder.load()" in blocks[1]
+    for block in blocks:
+        namespace: dict = {}
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["ds"][0] is not None and namespace["enc"].name == "bundled"
 
 
 def test_the_readme_main_job_works_offline(tmp_path, bundled_model, offline):
