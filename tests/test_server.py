@@ -308,7 +308,7 @@ def test_model_that_did_not_build_the_cache_is_refused(tmp_path, layered_cache):
         load_resources(Settings())
 
 
-def test_model_loaded_for_a_cache_encodes_as_the_cache_was_built(tmp_path, tiny_model):
+def test_model_loaded_for_a_cache_encodes_as_the_cache_was_built(tmp_path, tiny_model, native_bf16):
     from elmo_cache.builder import BuildOptions, build
 
     corpus = tmp_path / "c.txt"
@@ -389,6 +389,55 @@ def test_full_queue_answers_429_at_once(encoder):
     text = run(app, scenario)
     assert metric(text, "elmo_cache_live_rejected_total") == 1
     assert metric(text, "elmo_cache_live_queue_depth") == 0
+
+
+def test_live_timeout_answers_503_and_the_worker_carries_on(encoder):
+    gated = GatedEncoder(encoder)
+    app = create_app(settings(live_timeout_s=0.2, max_wait_ms=0), encoder=gated)
+    assert app.openapi()["paths"]["/embed"]["get"]["responses"]["503"]
+
+    async def scenario(client):
+        # Request 1 holds the encoder past the timeout; request 2 waits in the queue behind it.
+        first = asyncio.create_task(client.get("/embed", params={"sentence": UNSEEN[0]}))
+        assert await asyncio.to_thread(gated.entered.wait, 10)
+        second = await client.post("/embed", json={"sentences": UNSEEN[1:]})
+        timed_out = await first
+        for response in (timed_out, second):
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert error["code"] == "live_timeout" and "0.2 s (live_timeout_s)" in error["message"]
+            assert response.headers["retry-after"] == "1"
+        # The worker is still alive (only stuck in the encoder): health and cache-free routes answer.
+        assert (await client.get("/health")).status_code == 200
+        gated.gate.set()  # the encoder finishes request 1's batch; its answer is dropped
+        later = await client.get("/embed", params={"sentence": UNSEEN[2]})
+        assert later.status_code == 200, later.text
+        close(decode(later), reference(encoder, UNSEEN[2:])[0])
+        info = (await client.get("/info")).json()
+        assert info["limits"]["live_timeout_s"] == 0.2
+        return (await client.get("/metrics")).text
+
+    text = run(app, scenario)
+    assert metric(text, "elmo_cache_live_timeouts_total") == 2
+    # Request 2 timed out while queued: it never reached the encoder.
+    assert metric(text, "elmo_cache_live_sentences_total") == 2
+
+
+def test_live_timeout_zero_means_no_limit(encoder):
+    gated = GatedEncoder(encoder)
+    app = create_app(settings(live_timeout_s=0, max_wait_ms=0), encoder=gated)
+
+    async def scenario(client):
+        pending = asyncio.create_task(client.get("/embed", params={"sentence": UNSEEN[0]}))
+        assert await asyncio.to_thread(gated.entered.wait, 10)
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        gated.gate.set()
+        response = await pending
+        assert response.status_code == 200
+        close(decode(response), reference(encoder, UNSEEN[:1])[0])
+
+    run(app, scenario)
 
 
 # -- security, limits, errors, docs ----------------------------------------------------------------
