@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import json
 import re
 import threading
 
@@ -515,6 +516,79 @@ def test_limits_and_bad_parameters(encoder):
         assert (await client.get("/embed", params={"sentence": "a b"})).status_code == 200
 
     run(app, scenario)
+
+
+def test_every_limit_admits_its_own_value_and_is_shown(encoder):
+    """Each documented limit: exactly at the limit is answered, one over is refused (413), GET /info shows it."""
+    app = create_app(
+        settings(max_tokens_per_sentence=5, max_sentences_per_request=3, max_body_bytes=120, batch_tokens=4),
+        encoder=encoder,
+    )
+
+    async def scenario(client):
+        at_limit = "a b c d e"
+        response = await client.get("/embed", params={"sentence": at_limit})
+        assert response.status_code == 200 and response.json()["shape"] == [3, 5, 32]
+        # Three 5-token sentences: more than batch_tokens (4) in one request, so the encoder runs in slices;
+        # the answers are the same as one encoder call's.
+        lines = ["a b c d e", "f g h i j", "k l m n o"]
+        body = {"sentences": lines, "format": "base64"}
+        assert len(json.dumps(body)) <= 120
+        response = await client.post("/embed", json=body)
+        assert response.status_code == 200, response.text
+        for item, want in zip(response.json()["results"], reference(encoder, lines)):
+            close(decode_item(item), want)
+        # Exactly max_body_bytes is accepted, one byte more is not.
+        raw = json.dumps({"sentences": ["a"]}).encode()
+        exact = raw[:-1] + b" " * (120 - len(raw)) + raw[-1:]
+        assert len(exact) == 120
+        headers = {"content-type": "application/json"}
+        assert (await client.post("/embed", content=exact, headers=headers)).status_code == 200
+        over = await client.post("/embed", content=exact[:-1] + b" }", headers=headers)
+        assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large"
+        # Format choices are the same for POST.
+        bad = await client.post("/embed", json={"sentences": ["a"], "format": "xml"})
+        assert bad.status_code == 422 and "'json', 'npy' or 'base64'" in bad.json()["error"]["message"]
+        npz = await client.post("/embed", json={"sentences": ["a", "b c"], "format": "npy"})
+        assert npz.headers["content-type"].startswith("application/x-npz")
+        return (await client.get("/info")).json()["limits"]
+
+    limits = run(app, scenario)
+    assert limits == {
+        "max_tokens_per_sentence": 5,
+        "max_sentences_per_request": 3,
+        "max_body_bytes": 120,
+        "batch_tokens": 4,
+        "max_wait_ms": 2.0,
+        "queue_size": 64,
+        "live_timeout_s": 60.0,
+    }
+
+
+def test_settings_come_from_the_environment_and_are_checked(monkeypatch):
+    from elmo_cache.server import load_settings
+
+    monkeypatch.setenv("ELMO_CACHE_MAX_TOKENS_PER_SENTENCE", "7")
+    monkeypatch.setenv("ELMO_CACHE_LIVE_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("ELMO_CACHE_QUEUE_SIZE", "3")
+    loaded = load_settings(queue_size=9, max_body_bytes=None)  # a flag wins, an absent one leaves the env
+    assert (loaded.max_tokens_per_sentence, loaded.live_timeout_s, loaded.queue_size) == (7, 2.5, 9)
+    assert loaded.max_body_bytes == 1_000_000
+    for name, value in (
+        ("max_tokens_per_sentence", 0),
+        ("max_sentences_per_request", 0),
+        ("max_body_bytes", 0),
+        ("batch_tokens", 0),
+        ("queue_size", 0),
+        ("max_wait_ms", -1),
+        ("live_timeout_s", -1),
+        ("port", 70000),
+    ):
+        with pytest.raises(InvalidParameterError, match=f"{name} \\(ELMO_CACHE_{name.upper()}\\)"):
+            load_settings(**{name: value})
+    monkeypatch.setenv("ELMO_CACHE_LIVE_TIMEOUT_S", "soon")
+    with pytest.raises(InvalidParameterError, match="ELMO_CACHE_LIVE_TIMEOUT_S"):
+        load_settings()
 
 
 def test_timing_headers_and_request_metrics(encoder):
