@@ -127,12 +127,15 @@ class LiveBatcher:
             ) from None
         self._metrics.queue_depth.set(self._queue.qsize())
         self._arrived.set()
+        # On timeout the job's future is cancelled: the worker skips the job, or drops its result
+        # when its batch is already encoding; either way the worker and later requests carry on.
+        deadline = asyncio.timeout(self.timeout_s)
         try:
-            # On timeout the job's future is cancelled: the worker skips the job, or drops its result
-            # when its batch is already encoding; either way the worker and later requests carry on.
-            async with asyncio.timeout(self.timeout_s):
+            async with deadline:
                 result = await job.future
         except TimeoutError:
+            if not deadline.expired():  # the encoder's own error, not this deadline
+                raise
             self._metrics.timeouts.inc()
             raise LiveTimeoutError(
                 f"the live encoding took longer than {self.timeout_s:g} s (live_timeout_s), queue included; "
