@@ -157,6 +157,15 @@ def _check_precision(precision: str, device: torch.device) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def default_fuse_cell(options: ModelOptions, device: torch.device) -> bool:
+    """Whether the LSTM cell is compiled by default: for models with at least 1024 cells, except on a
+    CPU whose torch kernels are capped by ``ATEN_CPU_CAPABILITY``, where the compiled cell was
+    measured to return NaN (torch 2.13, AVX512 CPU capped to AVX2); the eager cell is exact there."""
+    if device.type == "cpu" and os.environ.get("ATEN_CPU_CAPABILITY"):
+        return False
+    return options.lstm_dim >= FUSE_MIN_LSTM_DIM
+
+
 def _validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, str):
@@ -195,7 +204,7 @@ class Encoder:
         # The local directory the model was named by, recorded in the identity so `serve` finds it again.
         self.directory = directory
         self.output_dim = options.output_dim
-        bilm.fused = options.lstm_dim >= FUSE_MIN_LSTM_DIM if fuse_cell is None else fuse_cell
+        bilm.fused = default_fuse_cell(options, device) if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
         self._word_cache_size = word_cache_size
         self._word_slots: dict[str, int] = {}
@@ -230,7 +239,7 @@ class Encoder:
         ``initial_state``: "zero" (default), "warm" or "carry" (see the module docstring).
         ``word_cache_size``: how many distinct words keep their char-CNN vector (exact reuse).
         ``fuse_cell``: compile the LSTM cell update into one kernel (None: for models with
-        at least 1024 LSTM cells).
+        at least 1024 LSTM cells, unless ``ATEN_CPU_CAPABILITY`` caps torch's CPU kernels).
         """
         resolved = _resolve_device(device)
         dtype = _check_precision(precision, resolved)

@@ -297,6 +297,20 @@ def test_capped_torch_is_not_native_bf16(monkeypatch):
     assert "dispatched to AVX2" in (module._torch_bf16_problem("x86") or "oneDNN")
 
 
+def test_capped_cpu_kernels_keep_the_eager_cell(monkeypatch):
+    from dataclasses import replace
+
+    from elmo_cache.encoder import default_fuse_cell
+    from elmo_cache.model.random_model import PRESETS
+
+    big = replace(PRESETS["tiny"], lstm_dim=1024)
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert default_fuse_cell(big, cpu) and not default_fuse_cell(PRESETS["tiny"], cpu)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the compiled cell gave NaN there
+    assert not default_fuse_cell(big, cpu)
+
+
 def test_bad_arguments_are_clear(tiny_model, tiny_encoder):
     with pytest.raises(InvalidParameterError, match="precision.*'fp8'.*fp32"):
         Encoder.from_files(*tiny_model, precision="fp8")
