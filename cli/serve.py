@@ -30,6 +30,13 @@ __all__ = ["serve_command"]
 @click.option("--batch-tokens", type=int, help="Token budget of one live encoder batch. [default: 4096]")
 @click.option("--max-wait-ms", type=float, help="Longest wait to fill a live batch, in ms. [default: 5]")
 @click.option("--queue-size", type=int, help="Live requests allowed to wait; more get 429. [default: 64]")
+@click.option(
+    "--live-timeout",
+    "live_timeout_s",
+    type=float,
+    help="Seconds a live request may wait for its answer (queue included); longer ones get 503 "
+    "'live_timeout'. 0: no limit. [default: 60]",
+)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
 def serve_command(cache: Path | None, **flags) -> None:

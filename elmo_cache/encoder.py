@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -33,7 +34,15 @@ from elmo_cache.model.hub import ModelFiles
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import load_weights
 
-__all__ = ["Encoder", "load_encoder", "PRECISIONS", "INITIAL_STATES", "WARMUP_TEXT"]
+__all__ = [
+    "Encoder",
+    "load_encoder",
+    "PRECISIONS",
+    "INITIAL_STATES",
+    "WARMUP_TEXT",
+    "ALLOW_SLOW_BF16_ENV",
+    "cpu_bf16_problem",
+]
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INITIAL_STATES = ("zero", "warm", "carry")
@@ -71,12 +80,90 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
+# Set to 1 to run bf16 on a CPU without native bf16 anyway (emulated: far slower than fp32).
+ALLOW_SLOW_BF16_ENV = "ELMO_CACHE_ALLOW_SLOW_BF16"
+# CPU flags (Linux /proc/cpuinfo) of native bf16 matmuls: x86 AVX512-BF16 or AMX, Arm BF16.
+_BF16_FLAGS = {"x86": ("avx512_bf16", "amx_bf16"), "arm": ("bf16",)}
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) that still include native bf16.
+_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
+
+
+def _cpu_flags(path: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]] | None:
+    """``("x86" or "arm", feature flags)`` of the first processor in ``path`` (None where unreadable)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86 / Arm spelling
+            return ("x86" if key.strip() == "flags" else "arm"), set(value.split())
+    return None
+
+
+def cpu_bf16_problem(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """None when bf16 matmuls run natively on this CPU, else why they would be emulated.
+
+    Native means the hardware has AVX512-BF16 or AMX (Arm: BF16), *and* neither oneDNN nor
+    torch's kernels are capped below it (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``).
+    Hardware is read from ``/proc/cpuinfo``, else from torch's own cpuinfo queries; a CPU
+    that neither can describe counts as not native (refused rather than silently slow).
+    """
+    found = _cpu_flags(cpuinfo)
+    arch = found[0] if found is not None else "x86"
+    if found is not None:
+        wanted = _BF16_FLAGS[arch]
+        if not found[1] & set(wanted):
+            return f"this CPU has no native bf16 (no {' or '.join(wanted)} flag in {cpuinfo})"
+    else:
+        queries = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        known = [query() for query in queries if query is not None]
+        if not known:
+            return f"cannot tell whether this CPU ({platform.machine() or 'unknown'}) has native bf16"
+        if not any(known):
+            return "this CPU has no native bf16 (torch reports neither AVX512-BF16 nor AMX)"
+    return _torch_bf16_problem(arch)
+
+
+def _torch_bf16_problem(arch: str) -> str | None:
+    """Why torch would not use the CPU's native bf16 (a capped oneDNN or kernel dispatch), or None."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        isa = os.environ.get(name, "").strip().upper()
+        if isa and not isa.startswith(_BF16_ISAS):
+            return f"{name}={isa} caps oneDNN below native bf16 (AVX512_CORE_BF16)"
+    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "torch's oneDNN cannot run bf16 matmuls here"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if arch == "x86" and not capability.startswith("AVX512"):
+        return f"torch's CPU kernels are dispatched to {capability} (ATEN_CPU_CAPABILITY), not AVX512"
+    return None
+
+
 def _check_precision(precision: str, device: torch.device) -> torch.dtype:
     if precision not in PRECISIONS:
         raise InvalidParameterError(f"precision: {precision!r} is not one of {list(PRECISIONS)}")
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise InvalidParameterError("precision: this GPU has no bf16 support; use 'fp16' or 'fp32'")
+    if device.type == "cpu" and precision == "bf16" and os.environ.get(ALLOW_SLOW_BF16_ENV) != "1":
+        problem = cpu_bf16_problem()
+        if problem is not None:
+            raise InvalidParameterError(
+                f"precision: 'bf16' on this CPU would be emulated, slower than fp32 (about 60x on the Original model "
+                f"on an AVX2-only CPU) and without any gain: {problem}. "
+                "Use 'fp32' (exact, and the fastest here); bf16 needs a CPU with AVX512-BF16 or AMX, or a "
+                f"CUDA GPU with bf16. To run it anyway (e.g. to match a cache built in bf16 elsewhere), set "
+                f"{ALLOW_SLOW_BF16_ENV}=1"
+            )
     return PRECISIONS[precision]
+
+
+def default_fuse_cell(options: ModelOptions, device: torch.device) -> bool:
+    """Whether the LSTM cell is compiled by default: for models with at least 1024 cells, except on a
+    CPU whose torch kernels are capped by ``ATEN_CPU_CAPABILITY``, where the compiled cell was
+    measured to return NaN (torch 2.13, AVX512 CPU capped to AVX2); the eager cell is exact there."""
+    if device.type == "cpu" and os.environ.get("ATEN_CPU_CAPABILITY"):
+        return False
+    return options.lstm_dim >= FUSE_MIN_LSTM_DIM
 
 
 def _validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
@@ -117,7 +204,7 @@ class Encoder:
         # The local directory the model was named by, recorded in the identity so `serve` finds it again.
         self.directory = directory
         self.output_dim = options.output_dim
-        bilm.fused = options.lstm_dim >= FUSE_MIN_LSTM_DIM if fuse_cell is None else fuse_cell
+        bilm.fused = default_fuse_cell(options, device) if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
         self._word_cache_size = word_cache_size
         self._word_slots: dict[str, int] = {}
@@ -152,7 +239,7 @@ class Encoder:
         ``initial_state``: "zero" (default), "warm" or "carry" (see the module docstring).
         ``word_cache_size``: how many distinct words keep their char-CNN vector (exact reuse).
         ``fuse_cell``: compile the LSTM cell update into one kernel (None: for models with
-        at least 1024 LSTM cells).
+        at least 1024 LSTM cells, unless ``ATEN_CPU_CAPABILITY`` caps torch's CPU kernels).
         """
         resolved = _resolve_device(device)
         dtype = _check_precision(precision, resolved)

@@ -27,6 +27,7 @@ __all__ = [
     "LimitExceededError",
     "NotInCacheError",
     "AuthenticationError",
+    "LiveTimeoutError",
 ]
 
 
@@ -113,3 +114,9 @@ class AuthenticationError(ServiceError, PermissionError):
     """A request without the API key the service requires."""
 
     code = "unauthorized"
+
+
+class LiveTimeoutError(ServiceError, TimeoutError):
+    """A live encoding waited (queued and encoding) longer than the service allows; retry later."""
+
+    code = "live_timeout"

@@ -123,6 +123,7 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
                 batch_tokens=settings.batch_tokens,
                 max_wait_s=settings.max_wait_ms / 1000,
                 queue_size=settings.queue_size,
+                timeout_s=settings.live_timeout_s,
             )
             await batcher.start()
         app.state.service = EmbedService(

@@ -5,6 +5,9 @@ refused at once (:class:`~elmo_cache.errors.QueueFullError`, a 429) rather than 
 waiting. One worker task takes the oldest request, then keeps adding queued requests
 until the batch holds ``batch_tokens`` tokens or ``max_wait`` has passed since it started
 gathering, and runs the encoder in a dedicated thread so the event loop keeps answering cache hits meanwhile.
+A request that waits longer than ``timeout_s`` in all (queued and encoding) gets
+:class:`~elmo_cache.errors.LiveTimeoutError` (a 503) and is dropped from its batch
+when that has not started yet; the worker itself is never interrupted.
 While the encoder runs, new requests pile up and form the next batch, so under
 load batches grow by themselves and the encoder is never idle.
 """
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.errors import NotReadyError, QueueFullError
+from elmo_cache.errors import LiveTimeoutError, NotReadyError, QueueFullError
 from elmo_cache.server.metrics import Metrics
 
 __all__ = ["LiveBatcher"]
@@ -59,8 +62,11 @@ class LiveBatcher:
         batch_tokens: int = 4096,
         max_wait_s: float = 0.005,
         queue_size: int = 64,
+        timeout_s: float | None = None,
     ) -> None:
         self._encode = encode
+        # Longest wait of one request for its answer (None or 0: no limit).
+        self.timeout_s = timeout_s or None
         self._metrics = metrics
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s
@@ -106,7 +112,8 @@ class LiveBatcher:
     async def submit(self, sentences: list[list[str]], finish: Callable[[list[np.ndarray]], Any]) -> tuple[Any, _Job]:
         """Queue ``sentences`` (non-empty token lists) for the encoder; returns ``finish(arrays)`` and the job.
 
-        Raises :class:`~elmo_cache.errors.QueueFullError` at once when ``queue_size`` requests are already waiting.
+        Raises :class:`~elmo_cache.errors.QueueFullError` at once when ``queue_size`` requests are already waiting,
+        :class:`~elmo_cache.errors.LiveTimeoutError` when the answer takes longer than ``timeout_s``.
         """
         if self._queue is None or not self.running:
             raise NotReadyError("live encoding is not running (the server is starting or stopping)")
@@ -120,7 +127,21 @@ class LiveBatcher:
             ) from None
         self._metrics.queue_depth.set(self._queue.qsize())
         self._arrived.set()
-        return await job.future, job
+        # On timeout the job's future is cancelled: the worker skips the job, or drops its result
+        # when its batch is already encoding; either way the worker and later requests carry on.
+        deadline = asyncio.timeout(self.timeout_s)
+        try:
+            async with deadline:
+                result = await job.future
+        except TimeoutError:
+            if not deadline.expired():  # the encoder's own error, not this deadline
+                raise
+            self._metrics.timeouts.inc()
+            raise LiveTimeoutError(
+                f"the live encoding took longer than {self.timeout_s:g} s (live_timeout_s), queue included; "
+                "the server is busy: retry later, or send fewer or shorter sentences"
+            ) from None
+        return result, job
 
     async def _next_batch(self) -> list[_Job]:
         assert self._queue is not None and self._arrived is not None

@@ -24,6 +24,7 @@ from elmo_cache.errors import (
     ElmoCacheError,
     InvalidParameterError,
     LimitExceededError,
+    LiveTimeoutError,
     ModelNotFoundError,
     NotInCacheError,
     NotReadyError,
@@ -51,6 +52,7 @@ class ErrorResponse(BaseModel):
 STATUS: tuple[tuple[type[ElmoCacheError], int, str | None], ...] = (
     (QueueFullError, 429, None),
     (NotReadyError, 503, None),
+    (LiveTimeoutError, 503, None),
     (LimitExceededError, 413, None),
     (NotInCacheError, 404, None),
     (AuthenticationError, 401, None),
@@ -63,6 +65,7 @@ STATUS: tuple[tuple[type[ElmoCacheError], int, str | None], ...] = (
 # Headers that tell a client what to do next, per refusal.
 _HEADERS: dict[type[ElmoCacheError], dict[str, str]] = {
     QueueFullError: {"Retry-After": "1"},
+    LiveTimeoutError: {"Retry-After": "1"},
     AuthenticationError: {"WWW-Authenticate": "Bearer"},
 }
 
@@ -122,6 +125,7 @@ HANDLED = (ElmoCacheError, RequestValidationError, StarletteHTTPException)
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries documenting error statuses of a route."""
     texts = {
+        400: "the request body is not JSON text (e.g. invalid UTF-8) (`bad_request`)",
         401: "missing or wrong `Authorization: Bearer <key>` (only when the server has an API key)",
         404: "sentence not in the cache and no model loaded to encode it (`not_in_cache`)",
         413: "a limit was exceeded: `too_many_tokens` (tokens per sentence), `too_many_sentences` "
@@ -129,6 +133,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         422: "invalid parameter: unknown or unavailable layer, bad mix weights, `layers` with `mix`, "
         "unknown format (`invalid_parameter` / `validation_error`)",
         429: "the live-encoding queue is full; retry later (`queue_full`)",
-        503: "the server is still loading or shutting down (`not_ready`)",
+        503: "the server is still loading or shutting down (`not_ready`, `shutting_down`), or a live encoding "
+        "took longer than `live_timeout_s` (`live_timeout`, with `Retry-After`)",
     }
     return {status: {"model": ErrorResponse, "description": texts[status]} for status in statuses}

@@ -67,6 +67,11 @@ class Metrics:
         self.rejected = Counter(
             "elmo_cache_live_rejected", "Live requests refused with 429 because the queue was full", registry=r
         )
+        self.timeouts = Counter(
+            "elmo_cache_live_timeouts",
+            "Live requests answered 503 because their encoding took longer than live_timeout_s",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0, le=10_000, description="longest wait to fill a live batch (ms)")
     # Requests waiting for the encoder beyond this answer 429 at once instead of queueing forever.
     queue_size: int = Field(64, ge=1, description="live requests allowed to wait for the encoder")
+    # A live request waiting longer than this (queued + encoding) answers 503 `live_timeout`; the encoder goes on.
+    live_timeout_s: float = Field(
+        60.0, ge=0, le=86_400, description="longest wait for a live answer, queue included (s); 0: no limit"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     access_log: bool = Field(True, description="log one line per request")
 
@@ -76,6 +80,7 @@ class Settings(BaseSettings):
             "batch_tokens": self.batch_tokens,
             "max_wait_ms": self.max_wait_ms,
             "queue_size": self.queue_size,
+            "live_timeout_s": self.live_timeout_s,
         }
 
 

@@ -26,6 +26,15 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture()
+def native_bf16(monkeypatch):
+    """Let bf16 run on the CPU whatever this machine has (the detector says "native"): tests of
+    bf16 arithmetic must pass on CPUs without AVX512-BF16 too, where it is merely slow."""
+    import elmo_cache.encoder
+
+    monkeypatch.setattr(elmo_cache.encoder, "cpu_bf16_problem", lambda *args: None)
+
+
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     """The bilm-tf golden fixture (see tests/data/bilm_tf_golden/NOTICE.md)."""

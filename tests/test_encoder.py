@@ -225,7 +225,7 @@ def test_warm_state_is_deterministic_and_recorded(tiny_model):
 
 
 @pytest.mark.parametrize("precision,tolerance", [("bf16", 0.1), ("fp16", 0.02)])
-def test_reduced_precision_stays_close_to_fp32(tiny_model, tiny_encoder, precision, tolerance):
+def test_reduced_precision_stays_close_to_fp32(tiny_model, tiny_encoder, precision, tolerance, native_bf16):
     reduced = Encoder.from_files(*tiny_model, device="cpu", precision=precision)
     sentences = random_sentences(16, seed=9)
     for a, b in zip(reduced.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
@@ -233,6 +233,82 @@ def test_reduced_precision_stays_close_to_fp32(tiny_model, tiny_encoder, precisi
         assert np.abs(a - b).max() < tolerance
         cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
         assert cos.min() > 0.99
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_refused(tiny_model, monkeypatch):
+    import elmo_cache.encoder as module
+
+    monkeypatch.delenv(module.ALLOW_SLOW_BF16_ENV, raising=False)
+    monkeypatch.setattr(module, "cpu_bf16_problem", lambda *args: "this CPU has no native bf16 (test)")
+    with pytest.raises(InvalidParameterError) as refused:
+        Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+    message = str(refused.value)
+    for part in ("'bf16'", "slower than fp32", "no native bf16 (test)", "'fp32'", "AVX512-BF16 or AMX"):
+        assert part in message
+    assert "ELMO_CACHE_ALLOW_SLOW_BF16=1" in message
+    # fp32 and fp16 are not concerned; the override runs bf16 anyway.
+    for precision in ("fp32", "fp16"):
+        assert Encoder.from_files(*tiny_model, device="cpu", precision=precision).precision == precision
+    monkeypatch.setenv(module.ALLOW_SLOW_BF16_ENV, "1")
+    forced = Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+    assert forced.embed_sentence(["a", "b"]).shape == (3, 2, 32)
+    monkeypatch.setenv(module.ALLOW_SLOW_BF16_ENV, "0")  # only "1" overrides
+    with pytest.raises(InvalidParameterError, match="bf16"):
+        Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+
+
+def test_native_bf16_detection(tmp_path, monkeypatch):
+    import elmo_cache.encoder as module
+
+    def cpuinfo(text):
+        path = tmp_path / f"cpuinfo{len(list(tmp_path.iterdir()))}"
+        path.write_text(text)
+        return path
+
+    monkeypatch.setattr(module, "_torch_bf16_problem", lambda arch: None)  # torch's side: not capped
+    zen4 = cpuinfo("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
+    sapphire = cpuinfo("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
+    haswell = cpuinfo("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    graviton3 = cpuinfo("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    graviton2 = cpuinfo("processor\t: 0\nFeatures\t: fp asimd\n")
+    assert module.cpu_bf16_problem(zen4) is None and module.cpu_bf16_problem(sapphire) is None
+    assert module.cpu_bf16_problem(graviton3) is None
+    assert "no avx512_bf16 or amx_bf16 flag" in module.cpu_bf16_problem(haswell)
+    assert "no bf16 flag" in module.cpu_bf16_problem(graviton2)
+    # No /proc/cpuinfo: torch's own cpuinfo queries decide; none at all: unknown, so not native.
+    missing = tmp_path / "absent"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert module.cpu_bf16_problem(missing) is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert "neither AVX512-BF16 nor AMX" in module.cpu_bf16_problem(missing)
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert "cannot tell" in module.cpu_bf16_problem(missing)
+
+
+def test_capped_torch_is_not_native_bf16(monkeypatch):
+    import elmo_cache.encoder as module
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in module._torch_bf16_problem("x86")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert "dispatched to AVX2" in (module._torch_bf16_problem("x86") or "oneDNN")
+
+
+def test_capped_cpu_kernels_keep_the_eager_cell(monkeypatch):
+    from dataclasses import replace
+
+    from elmo_cache.encoder import default_fuse_cell
+    from elmo_cache.model.random_model import PRESETS
+
+    big = replace(PRESETS["tiny"], lstm_dim=1024)
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert default_fuse_cell(big, cpu) and not default_fuse_cell(PRESETS["tiny"], cpu)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the compiled cell gave NaN there
+    assert not default_fuse_cell(big, cpu)
 
 
 def test_bad_arguments_are_clear(tiny_model, tiny_encoder):

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import json
 import re
 import threading
 
@@ -308,7 +309,7 @@ def test_model_that_did_not_build_the_cache_is_refused(tmp_path, layered_cache):
         load_resources(Settings())
 
 
-def test_model_loaded_for_a_cache_encodes_as_the_cache_was_built(tmp_path, tiny_model):
+def test_model_loaded_for_a_cache_encodes_as_the_cache_was_built(tmp_path, tiny_model, native_bf16):
     from elmo_cache.builder import BuildOptions, build
 
     corpus = tmp_path / "c.txt"
@@ -391,6 +392,55 @@ def test_full_queue_answers_429_at_once(encoder):
     assert metric(text, "elmo_cache_live_queue_depth") == 0
 
 
+def test_live_timeout_answers_503_and_the_worker_carries_on(encoder):
+    gated = GatedEncoder(encoder)
+    app = create_app(settings(live_timeout_s=0.2, max_wait_ms=0), encoder=gated)
+    assert app.openapi()["paths"]["/embed"]["get"]["responses"]["503"]
+
+    async def scenario(client):
+        # Request 1 holds the encoder past the timeout; request 2 waits in the queue behind it.
+        first = asyncio.create_task(client.get("/embed", params={"sentence": UNSEEN[0]}))
+        assert await asyncio.to_thread(gated.entered.wait, 10)
+        second = await client.post("/embed", json={"sentences": UNSEEN[1:]})
+        timed_out = await first
+        for response in (timed_out, second):
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert error["code"] == "live_timeout" and "0.2 s (live_timeout_s)" in error["message"]
+            assert response.headers["retry-after"] == "1"
+        # The worker is still alive (only stuck in the encoder): health and cache-free routes answer.
+        assert (await client.get("/health")).status_code == 200
+        gated.gate.set()  # the encoder finishes request 1's batch; its answer is dropped
+        later = await client.get("/embed", params={"sentence": UNSEEN[2]})
+        assert later.status_code == 200, later.text
+        close(decode(later), reference(encoder, UNSEEN[2:])[0])
+        info = (await client.get("/info")).json()
+        assert info["limits"]["live_timeout_s"] == 0.2
+        return (await client.get("/metrics")).text
+
+    text = run(app, scenario)
+    assert metric(text, "elmo_cache_live_timeouts_total") == 2
+    # Request 2 timed out while queued: it never reached the encoder.
+    assert metric(text, "elmo_cache_live_sentences_total") == 2
+
+
+def test_live_timeout_zero_means_no_limit(encoder):
+    gated = GatedEncoder(encoder)
+    app = create_app(settings(live_timeout_s=0, max_wait_ms=0), encoder=gated)
+
+    async def scenario(client):
+        pending = asyncio.create_task(client.get("/embed", params={"sentence": UNSEEN[0]}))
+        assert await asyncio.to_thread(gated.entered.wait, 10)
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        gated.gate.set()
+        response = await pending
+        assert response.status_code == 200
+        close(decode(response), reference(encoder, UNSEEN[:1])[0])
+
+    run(app, scenario)
+
+
 # -- security, limits, errors, docs ----------------------------------------------------------------
 
 
@@ -466,6 +516,79 @@ def test_limits_and_bad_parameters(encoder):
         assert (await client.get("/embed", params={"sentence": "a b"})).status_code == 200
 
     run(app, scenario)
+
+
+def test_every_limit_admits_its_own_value_and_is_shown(encoder):
+    """Each documented limit: exactly at the limit is answered, one over is refused (413), GET /info shows it."""
+    app = create_app(
+        settings(max_tokens_per_sentence=5, max_sentences_per_request=3, max_body_bytes=120, batch_tokens=4),
+        encoder=encoder,
+    )
+
+    async def scenario(client):
+        at_limit = "a b c d e"
+        response = await client.get("/embed", params={"sentence": at_limit})
+        assert response.status_code == 200 and response.json()["shape"] == [3, 5, 32]
+        # Three 5-token sentences: more than batch_tokens (4) in one request, so the encoder runs in slices;
+        # the answers are the same as one encoder call's.
+        lines = ["a b c d e", "f g h i j", "k l m n o"]
+        body = {"sentences": lines, "format": "base64"}
+        assert len(json.dumps(body)) <= 120
+        response = await client.post("/embed", json=body)
+        assert response.status_code == 200, response.text
+        for item, want in zip(response.json()["results"], reference(encoder, lines)):
+            close(decode_item(item), want)
+        # Exactly max_body_bytes is accepted, one byte more is not.
+        raw = json.dumps({"sentences": ["a"]}).encode()
+        exact = raw[:-1] + b" " * (120 - len(raw)) + raw[-1:]
+        assert len(exact) == 120
+        headers = {"content-type": "application/json"}
+        assert (await client.post("/embed", content=exact, headers=headers)).status_code == 200
+        over = await client.post("/embed", content=exact[:-1] + b" }", headers=headers)
+        assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large"
+        # Format choices are the same for POST.
+        bad = await client.post("/embed", json={"sentences": ["a"], "format": "xml"})
+        assert bad.status_code == 422 and "'json', 'npy' or 'base64'" in bad.json()["error"]["message"]
+        npz = await client.post("/embed", json={"sentences": ["a", "b c"], "format": "npy"})
+        assert npz.headers["content-type"].startswith("application/x-npz")
+        return (await client.get("/info")).json()["limits"]
+
+    limits = run(app, scenario)
+    assert limits == {
+        "max_tokens_per_sentence": 5,
+        "max_sentences_per_request": 3,
+        "max_body_bytes": 120,
+        "batch_tokens": 4,
+        "max_wait_ms": 2.0,
+        "queue_size": 64,
+        "live_timeout_s": 60.0,
+    }
+
+
+def test_settings_come_from_the_environment_and_are_checked(monkeypatch):
+    from elmo_cache.server import load_settings
+
+    monkeypatch.setenv("ELMO_CACHE_MAX_TOKENS_PER_SENTENCE", "7")
+    monkeypatch.setenv("ELMO_CACHE_LIVE_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("ELMO_CACHE_QUEUE_SIZE", "3")
+    loaded = load_settings(queue_size=9, max_body_bytes=None)  # a flag wins, an absent one leaves the env
+    assert (loaded.max_tokens_per_sentence, loaded.live_timeout_s, loaded.queue_size) == (7, 2.5, 9)
+    assert loaded.max_body_bytes == 1_000_000
+    for name, value in (
+        ("max_tokens_per_sentence", 0),
+        ("max_sentences_per_request", 0),
+        ("max_body_bytes", 0),
+        ("batch_tokens", 0),
+        ("queue_size", 0),
+        ("max_wait_ms", -1),
+        ("live_timeout_s", -1),
+        ("port", 70000),
+    ):
+        with pytest.raises(InvalidParameterError, match=f"{name} \\(ELMO_CACHE_{name.upper()}\\)"):
+            load_settings(**{name: value})
+    monkeypatch.setenv("ELMO_CACHE_LIVE_TIMEOUT_S", "soon")
+    with pytest.raises(InvalidParameterError, match="ELMO_CACHE_LIVE_TIMEOUT_S"):
+        load_settings()
 
 
 def test_timing_headers_and_request_metrics(encoder):

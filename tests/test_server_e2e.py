@@ -120,6 +120,8 @@ def test_serve_reports_mistakes_plainly(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "cache not found" in result.output
     result = runner.invoke(cli, ["serve", "--options-file", str(tmp_path / "o.json")])
     assert result.exit_code == 1 and "options_file and weight_file go together" in result.output
+    result = runner.invoke(cli, ["serve", "--live-timeout", "-1"])
+    assert result.exit_code == 1 and "live_timeout_s (ELMO_CACHE_LIVE_TIMEOUT_S)" in result.output
     monkeypatch.setenv("ELMO_CACHE_PORT", "eighty")
     result = runner.invoke(cli, ["serve", str(tmp_path / "absent.zarr")])
     assert result.exit_code == 1 and "ELMO_CACHE_PORT" in result.output

@@ -75,6 +75,7 @@ class EmbedRequest(BaseModel):
 
 
 _ERRORS = error_responses(401, 404, 413, 422, 429, 503)
+_POST_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
@@ -120,7 +121,7 @@ async def embed_one(
     "/embed",
     response_model=EmbedBatchResult,
     summary="Vectors of many sentences",
-    responses={200: {"content": {NPZ_MEDIA_TYPE: _BINARY}, "description": "the vectors, per sentence"}, **_ERRORS},
+    responses={200: {"content": {NPZ_MEDIA_TYPE: _BINARY}, "description": "the vectors, per sentence"}, **_POST_ERRORS},
 )
 async def embed_many(service: ServiceDep, timings: TimingsDep, body: EmbedRequest) -> Response:
     """Same as ``GET /embed`` for every sentence of the body; misses of one request share live batches."""
