@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{alone.forward:.1f} / {alone.backward:.1f} / {alone.mean:.1f} |",
         "",
         "The n-gram models see only the sentence; the biLM's first row carries its LSTM state from the "
-        "previous sentence of the document, as in training (bilm-tf evaluates the same way); the second row "
+        "previous sentence of the document, as in training (32 rows, each starting at a sentence start: the "
+        "`elmo-cache perplexity` default); the second row "
         "starts every sentence from zeros, as the encoder does. Reproduce: `elmo-cache perplexity MODEL_DIR "
         "heldout.txt [--mode sentence]` and `scripts/bundled_model/ngram_baselines.py`.",
         "",
