@@ -27,6 +27,7 @@ from elmo_cache.train import TrainOptions, perplexity, train
 from elmo_cache.train.bilm import TrainableBiLM, _by_length
 from elmo_cache.train.data import TokenizedCorpus
 from elmo_cache.train.files import load_trained_model
+from elmo_cache.train.presets import train_preset
 from elmo_cache.train.softmax import LogUniformSampler, _SampledSoftmax
 from elmo_cache.train.vocab import Vocabulary
 
@@ -169,7 +170,7 @@ def test_encoder_reproduces_the_trainers_forward_pass(trained):
 
 
 def test_short_word_char_cnn_equals_the_full_width_one():
-    options = replace(ModelOptions.from_dict(json.loads(json.dumps(_tiny_options_dict()))))
+    options = train_preset("tiny")
     torch.manual_seed(0)
     model = TrainableBiLM(options, vocab_size=10)
     words = ["a", "cat", "x" * 14, "y" * 15, "z" * 30, "w" * 60, "<S>", "é"]
@@ -186,12 +187,6 @@ def test_short_word_char_cnn_equals_the_full_width_one():
             )
         full = full @ model.proj_weight + model.proj_bias
     np.testing.assert_allclose(fast.numpy(), full.numpy(), rtol=0, atol=1e-6)
-
-
-def _tiny_options_dict() -> dict:
-    from elmo_cache.train.presets import train_preset
-
-    return train_preset("tiny").to_dict()
 
 
 def test_uniform_softmax_has_perplexity_equal_to_the_vocabulary_size(tmp_path, trained, corpus):

@@ -16,7 +16,6 @@ so that a vocabulary word's type id equals its target id.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 from collections import Counter
@@ -30,7 +29,7 @@ from elmo_cache.model.chars import word_char_ids
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.train.vocab import BOS, EOS, Vocabulary
 
-__all__ = ["TokenizedCorpus", "StreamBatch", "read_sentences", "file_sha256"]
+__all__ = ["TokenizedCorpus", "StreamBatch", "read_sentences", "count_tokens"]
 
 
 def read_sentences(path: str | os.PathLike[str]) -> Iterator[list[str]]:
@@ -39,14 +38,6 @@ def read_sentences(path: str | os.PathLike[str]) -> Iterator[list[str]]:
     for _, tokens in Corpus(path).sentences():
         if tokens:
             yield tokens
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass

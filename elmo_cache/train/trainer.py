@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
+from elmo_cache.model.hub import file_sha256
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.train.bilm import TrainableBiLM
-from elmo_cache.train.data import TokenizedCorpus, count_tokens, file_sha256
+from elmo_cache.train.data import TokenizedCorpus, count_tokens
 from elmo_cache.train.files import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE, load_trained_model, write_model_dir
 from elmo_cache.train.presets import train_preset
 from elmo_cache.train.softmax import LogUniformSampler, sampled_softmax_loss

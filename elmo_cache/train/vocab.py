@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from elmo_cache.errors import CorpusError, InvalidParameterError
@@ -54,13 +54,6 @@ class Vocabulary:
                 raise InvalidParameterError(f"max_vocab: must be at least {len(SPECIAL_TOKENS) + 1}, got {max_size}")
             ranked = ranked[: max_size - len(SPECIAL_TOKENS)]
         return cls([*SPECIAL_TOKENS, *(word for word, _ in ranked)])
-
-    @classmethod
-    def from_sentences(cls, sentences: Iterable[Sequence[str]], **kwargs: int | None) -> Vocabulary:
-        counts: Counter[str] = Counter()
-        for tokens in sentences:
-            counts.update(tokens)
-        return cls.from_counts(counts, **kwargs)  # type: ignore[arg-type]
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:

@@ -19,16 +19,11 @@ from pathlib import Path
 
 import torch
 
+from elmo_cache.model.hub import file_sha256
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.train import perplexity
 from elmo_cache.train.files import WEIGHTS_FILE
 from elmo_cache.train.trainer import CHECKPOINT_FILE
-
-
-def _sha256(path: Path) -> str:
-    from elmo_cache.train.data import file_sha256
-
-    return file_sha256(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- {n_params:,} parameters in `weights.hdf5` (bilm-tf layout, float32); "
         f"{n_softmax:,} more in `softmax.hdf5` (vocabulary {fixed['min_count']}+ occurrences: "
         f"{baselines['vocab_size']:,} words incl. `<S>`, `</S>`, `<UNK>`).",
-        f"- `weights.hdf5` SHA-256: `{_sha256(args.model / WEIGHTS_FILE)}`.",
+        f"- `weights.hdf5` SHA-256: `{file_sha256(args.model / WEIGHTS_FILE)}`.",
         "",
         "## Data",
         "",
