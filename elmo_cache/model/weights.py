@@ -34,7 +34,15 @@ import torch
 from elmo_cache.errors import ModelNotFoundError, WeightFileError
 from elmo_cache.model.options import ModelOptions
 
-__all__ = ["ElmoWeights", "LstmWeights", "load_weights", "write_weight_file", "weight_shapes", "FORGET_BIAS"]
+__all__ = [
+    "ElmoWeights",
+    "LstmWeights",
+    "load_weights",
+    "read_datasets",
+    "write_weight_file",
+    "weight_shapes",
+    "FORGET_BIAS",
+]
 
 FORGET_BIAS = 1.0
 """TensorFlow's LSTMCell default, applied at run time in the original and not stored."""
@@ -213,20 +221,34 @@ def _load_lstm_layer(reader: _Reader, options: ModelOptions, layer: int) -> Lstm
     return LstmWeights(w_input=w_input, w_hidden=w_hidden, bias=bias, w_proj=w_proj)
 
 
-def load_weights(
-    path: str | os.PathLike[str], options: ModelOptions, *, options_source: str = "the options"
-) -> ElmoWeights:
-    """Read every dataset the options call for from an ELMo weight HDF5 file."""
-    path = Path(path)
+def _open_weight_file(path: Path) -> h5py.File:
     if not path.is_file():
         raise ModelNotFoundError(f"weight file not found: {path}")
     if not h5py.is_hdf5(path):
         raise WeightFileError(f"{path}: not an HDF5 file (expected an ELMo weights .hdf5)")
     try:
-        handle = h5py.File(path, "r")
+        return h5py.File(path, "r")
     except OSError as exc:
         raise WeightFileError(f"{path}: cannot open as HDF5 ({exc})") from None
-    with handle:
+
+
+def read_datasets(
+    path: str | os.PathLike[str], shapes: Mapping[str, tuple[int, ...]], *, source: str = "the options"
+) -> dict[str, np.ndarray]:
+    """The named datasets of an HDF5 file as they are stored (float32), each one's name, shape and
+    finiteness checked as :func:`load_weights` checks them; for readers that need the file's own layout."""
+    path = Path(path)
+    with _open_weight_file(path) as handle:
+        reader = _Reader(handle, path, source)
+        return {name: reader.read(name, shape).numpy() for name, shape in shapes.items()}
+
+
+def load_weights(
+    path: str | os.PathLike[str], options: ModelOptions, *, options_source: str = "the options"
+) -> ElmoWeights:
+    """Read every dataset the options call for from an ELMo weight HDF5 file."""
+    path = Path(path)
+    with _open_weight_file(path) as handle:
         reader = _Reader(handle, path, options_source)
         c = options.char_embedding_dim
         char_embed = torch.zeros(options.n_characters, c)

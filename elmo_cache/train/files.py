@@ -19,9 +19,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from elmo_cache.errors import ModelNotFoundError, WeightFileError
+from elmo_cache.errors import ModelNotFoundError
 from elmo_cache.model.options import ModelOptions
-from elmo_cache.model.weights import weight_shapes, write_weight_file
+from elmo_cache.model.weights import read_datasets, weight_shapes, write_weight_file
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.vocab import Vocabulary
 
@@ -63,27 +63,6 @@ def write_model_dir(directory: str | os.PathLike[str], model: TrainableBiLM, voc
     return directory
 
 
-def _read_datasets(path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    if not path.is_file():
-        raise ModelNotFoundError(f"{path}: not found")
-    try:
-        handle = h5py.File(path, "r")
-    except OSError as exc:
-        raise WeightFileError(f"{path}: cannot open as HDF5 ({exc})") from None
-    arrays = {}
-    with handle:
-        for name, shape in shapes.items():
-            if name not in handle or not isinstance(handle[name], h5py.Dataset):
-                raise WeightFileError(f"{path}: dataset {name!r} is missing (expected shape {shape})")
-            data = handle[name][()]
-            if tuple(data.shape) != shape:
-                raise WeightFileError(f"{path}: dataset {name!r} has shape {tuple(data.shape)}, expected {shape}")
-            if not np.isfinite(data).all():
-                raise WeightFileError(f"{path}: dataset {name!r} contains NaN or infinite values")
-            arrays[name] = data
-    return arrays
-
-
 def load_trained_model(directory: str | os.PathLike[str]) -> tuple[TrainableBiLM, Vocabulary]:
     """A model directory back into a :class:`TrainableBiLM` (eval mode) and its vocabulary."""
     directory = Path(directory)
@@ -98,9 +77,13 @@ def load_trained_model(directory: str | os.PathLike[str]) -> tuple[TrainableBiLM
     options = ModelOptions.from_file(directory / OPTIONS_FILE)
     vocab = Vocabulary.load(directory / VOCAB_FILE)
     p = options.projection_dim
-    datasets = _read_datasets(directory / WEIGHTS_FILE, weight_shapes(options))
+    datasets = read_datasets(directory / WEIGHTS_FILE, weight_shapes(options), source=str(directory / OPTIONS_FILE))
     datasets.update(
-        _read_datasets(directory / SOFTMAX_FILE, {"softmax/W": (len(vocab), p), "softmax/b": (len(vocab),)})
+        read_datasets(
+            directory / SOFTMAX_FILE,
+            {"softmax/W": (len(vocab), p), "softmax/b": (len(vocab),)},
+            source=str(directory / VOCAB_FILE),
+        )
     )
     model = TrainableBiLM(options, len(vocab), dropout=0.0)
     model.load_datasets(datasets)
