@@ -79,7 +79,8 @@ class ElmoWeights:
     lstm: list[LstmWeights]
 
 
-def _lstm_prefix(direction: int, layer: int) -> str:
+def lstm_prefix(direction: int, layer: int) -> str:
+    """The weight file's group of one LSTM layer of one direction (0 forward, 1 backward)."""
     return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
 
 
@@ -98,7 +99,7 @@ def weight_shapes(options: ModelOptions) -> dict[str, tuple[int, ...]]:
     shapes["CNN_proj/b_proj"] = (p,)
     for direction in (0, 1):
         for layer in range(options.n_layers):
-            prefix = _lstm_prefix(direction, layer)
+            prefix = lstm_prefix(direction, layer)
             shapes[f"{prefix}/W_0"] = (2 * p, 4 * d)
             shapes[f"{prefix}/B"] = (4 * d,)
             shapes[f"{prefix}/W_P_0"] = (d, p)
@@ -204,7 +205,7 @@ def _load_lstm_layer(reader: _Reader, options: ModelOptions, layer: int) -> Lstm
     bias = torch.empty(2, 4 * d)
     w_proj = torch.empty(2, d, p)
     for direction in (0, 1):
-        prefix = _lstm_prefix(direction, layer)
+        prefix = lstm_prefix(direction, layer)
         # Read W_0 in halves straight into the two buffers, then reorder columns in place
         # through one temporary row block at a time to keep peak memory low.
         ds = reader.dataset(f"{prefix}/W_0", (2 * p, 4 * d))

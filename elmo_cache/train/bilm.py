@@ -19,14 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.weights import FORGET_BIAS, lstm_prefix
 
-__all__ = ["TrainableBiLM", "lstm_prefix", "FORGET_BIAS"]
+__all__ = ["TrainableBiLM"]
 
 # Unshifted id of the padding character (the file's row 260).
 PADDING_CHAR = 260
-
-FORGET_BIAS = 1.0
-"""Added to the forget gate at run time (TensorFlow's LSTMCell default); never stored."""
 
 # Uniform init range of the char-CNN filters in bilm-tf (relu activation).
 _CNN_INIT = 0.05
@@ -64,10 +62,6 @@ def _restore_order(char_ids: torch.Tensor, options: ModelOptions) -> torch.Tenso
         return torch.arange(char_ids.shape[0], device=char_ids.device)
     grouped = torch.cat([torch.nonzero(_is_short(char_ids)).squeeze(1), torch.nonzero(~_is_short(char_ids)).squeeze(1)])
     return torch.argsort(grouped)
-
-
-def lstm_prefix(direction: int, layer: int) -> str:
-    return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
 
 
 class TrainableBiLM(nn.Module):
