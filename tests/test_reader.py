@@ -420,7 +420,7 @@ def test_shard_laid_out_by_another_tool_is_read(make_cache):
 
     path = make_cache()
     with elmo_cache.open(path) as cache:
-        before = [cache[i] for i in range(len(cache))]
+        before = [np.array(cache[i]) for i in range(len(cache))]  # copies: views would see the rewrite
     shard = path / "vectors" / "c" / "0" / "0" / "0"
     data = shard.read_bytes()
     chunk = (len(data) - 2 * 16 - 4) // 2  # two inner chunks, then the index and its CRC-32C
