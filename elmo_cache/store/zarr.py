@@ -1,36 +1,37 @@
 """The zarr v3 container of docs/FORMAT.md: its reader and its writer.
 
-Reading. zarr keeps every chunk of an array in its own file (``vectors/c/<i>/0/0`` with the
-default chunk key encoding). When an array's codec chain is just the ``bytes`` codec (no
-compressor, no sharding, no transpose) and it is chunked along rows only, as FORMAT.md asks
-of an uncompressed cache, each chunk file *is* the raw C-order bytes of ``chunk_rows`` rows,
-always full-size (zarr v3 pads edge chunks). Such an array is read here without zarr at all:
-each chunk file is mapped with :class:`numpy.memmap` when first touched, so a sentence is a
-zero-copy view of the page cache, shared by every DataLoader worker, exactly as with HDF5.
-A sentence that straddles a chunk boundary is the concatenation of two slices (one copy).
-A chunk file that does not exist reads as the array's fill value, as zarr specifies
-(zarr skips writing chunks that hold only the fill value).
+Files. zarr keeps every chunk of an array in its own file unless chunks are grouped into
+*shards* (the ``sharding_indexed`` codec): then a file holds a shard, its chunks one after the
+other and an index of where each one is at its end. ``vectors`` is sharded (FORMAT.md says why:
+a 100M-sentence cache would otherwise be millions of files); the 1-D arrays are not.
 
-Open mappings are kept in a small LRU because every ``mmap`` holds a file descriptor; a
-100M-sentence cache has tens of thousands of chunk files and re-mapping an evicted chunk
-costs an ``open`` + ``mmap`` (microseconds). Opening touches only the ``zarr.json`` files,
-so it is independent of the cache size, and ``zarr`` itself is not even imported (the writer
-imports it when a build starts).
+Reading. When an array's chunks are raw bytes (the ``bytes`` codec alone, no compressor, chunked
+along rows only) a chunk file *is* the raw C-order bytes of ``chunk_rows`` rows (zarr pads edge
+chunks), and so is the data part of a shard whose chunks lie back to back, as this module
+writes them. Such an array is read here without zarr at all: each file is mapped with
+:class:`numpy.memmap` when first touched, so a sentence is a zero-copy view of the page cache,
+shared by every DataLoader worker, exactly as with HDF5. A sentence that straddles two files is
+the concatenation of two slices (one copy). A file that does not exist reads as the array's fill
+value, as zarr specifies. A shard's index is checked (size, CRC-32C, layout) when the shard is
+first mapped.
 
-Arrays that are compressed (or sharded, or chunked across columns) fall back to zarr's own
-reads, one decoded chunk at a time, with a few decoded chunks kept (bounded by bytes) so
-that sequential reads decode each chunk once. Random reads of a compressed cache decode a
-whole chunk per sentence: that is the price of compression, which saves little on floats.
+Open mappings are kept in a small LRU because every ``mmap`` holds a file descriptor;
+re-mapping an evicted file costs an ``open`` + ``mmap`` (microseconds). Opening touches only the
+``zarr.json`` files and the first and last file of each array, so it is independent of the
+cache size, and ``zarr`` itself is not even imported (the writer imports it).
 
-Writing. Vectors go straight into the final chunk files while the build runs. The staging
-folder ``<output>.partial/`` *is* the zarr group being built. Full chunks of ``vectors`` are
-written as soon as their rows exist, so finishing a build never copies the vectors again (at
-several KB per token that copy would cost as much as a slow encoder); the rows of the last,
-incomplete chunk wait in a small ``tail-N.bin`` file that each commit rewrites (at most one
-chunk). Each committed chunk file's size and CRC-32 are staged as it is synced. Finishing
-writes the per-sentence arrays, the tokens and the index, then ``checksums.json`` (size and
-CRC-32 of every file but the root ``zarr.json``), sets ``complete: true`` and renames the folder
-to the output, so the output path only ever holds a finished cache.
+Arrays that are compressed (or chunked across columns) fall back to zarr's own reads, one decoded
+chunk at a time (of a shard, zarr reads only that chunk), with a few decoded chunks kept (bounded
+by bytes) so that sequential reads decode each chunk once. Random reads of a compressed cache
+decode a whole chunk per sentence: that is the price of compression, which saves little on floats.
+
+Writing. See :class:`ZarrWriter`: rows stream into the file of the shard being filled, which
+becomes a vectors file when full, so finishing a build never copies the vectors again (at several
+KB per token that copy would cost as much as a slow encoder). Finishing (:func:`finish_group`)
+writes the per-sentence arrays, the tokens and the index, then ``checksums.json`` (size and CRC-32
+of every file but the root ``zarr.json``), sets ``complete: true`` and renames the folder to the
+output, so the output path only ever holds a finished cache. :func:`create_group` and
+:func:`write_vectors_file` let other writers (a distributed build) fill vectors files in any order.
 """
 
 from __future__ import annotations
