@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import resource
 import shutil
@@ -131,6 +132,20 @@ def _max_open_maps() -> int:
     if soft == resource.RLIM_INFINITY:
         return 1024
     return max(8, min(1024, soft // 8))
+
+
+def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The first bytes of the open file ``fd`` as a read-only array of ``shape``, memory-mapped.
+
+    ``mmap`` + ``frombuffer`` rather than ``numpy.memmap``, which resolves the path and builds a
+    subclass whose indexing runs Python code: a cache that maps tens of thousands of files in turn
+    pays that on every one.
+    """
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
 class ChunkedArray:
@@ -272,8 +287,11 @@ class MappedChunks(ChunkedArray):
                     f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
                     f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
                 )
-            # A plain ndarray view of the map: indexing np.memmap itself runs Python code per call.
-            block = np.memmap(path, dtype=self.dtype, mode="r", shape=self._chunk_shape).view(np.ndarray)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                block = _map_block(fd, self._chunk_shape, self.dtype)
+            finally:
+                os.close(fd)
         self._maps[c] = block
         if len(self._maps) > self._max_maps:
             self._maps.popitem(last=False)
@@ -332,6 +350,7 @@ class MappedShards(ChunkedArray):
         self._per_shard = self.chunk_rows // self.inner_rows
         self._index_bytes = 16 * self._per_shard + (4 if index_crc else 0)
         self._index_crc = index_crc
+        self._layouts: dict[int, bytes] = {}
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_maps = _max_open_maps()
 
@@ -339,23 +358,29 @@ class MappedShards(ChunkedArray):
         rows = min(self.chunk_rows, self.shape[0] - c * self.chunk_rows)
         return -(-rows // self.inner_rows)
 
-    def _read_index(self, c: int, path: Path) -> np.ndarray | None:
-        """The shard's (offset, size) pairs, after checking its size and CRC-32C; None if the file is absent."""
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            return None
-        if size < self._index_bytes:
-            raise CacheFormatError(
-                f"{path}: shard {c} of array {self.name!r} has {size} bytes, too short "
-                "for its index; the cache is corrupt"
-            )
-        with open(path, "rb") as f:
-            f.seek(size - self._index_bytes)
-            raw = f.read(self._index_bytes)
-        body = raw[: 16 * self._per_shard]
+    def _layout_index(self, present: int) -> bytes:
+        """The index body of a shard with ``present`` chunks back to back from byte 0 (the layout written here)."""
+        body = self._layouts.get(present)
+        if body is None:
+            index = np.full((self._per_shard, 2), _ABSENT, dtype="<u8")
+            index[:present, 0] = np.arange(present, dtype=np.uint64) * np.uint64(self._inner_bytes)
+            index[:present, 1] = self._inner_bytes
+            body = self._layouts[present] = index.tobytes()
+        return body
+
+    def _check_index(self, c: int, path: Path, fd: int) -> np.ndarray | None:
+        """Check shard ``c``'s size and index; None when its chunks lie back to back (it can be
+        mapped whole), else its (offset, size) pairs."""
+        size = os.fstat(fd).st_size
         present = self._present(c)
         expected = present * self._inner_bytes + self._index_bytes
+        if size < self._index_bytes:
+            raise CacheFormatError(
+                f"{path}: shard {c} of array {self.name!r} has {size} bytes (expected {expected}), too short "
+                "for its index; the cache is corrupt"
+            )
+        raw = os.pread(fd, self._index_bytes, size - self._index_bytes)
+        body = raw[: 16 * self._per_shard]
         if self._index_crc:
             import google_crc32c
 
@@ -364,28 +389,21 @@ class MappedShards(ChunkedArray):
                     f"{path}: shard {c} of array {self.name!r} has {size} bytes (expected {expected}) and its "
                     "index fails its CRC-32C: truncated or damaged; the cache is corrupt"
                 )
+        if body == self._layout_index(present):
+            if size != expected:
+                raise CacheFormatError(
+                    f"{path}: shard {c} of array {self.name!r} has {size} bytes, expected {expected} "
+                    f"({present} uncompressed chunks of {self.inner_rows} rows and the index); the cache is corrupt"
+                )
+            return None
         index = np.frombuffer(body, dtype="<u8").reshape(self._per_shard, 2)
-        if self._contiguous(index, present) and size != expected:
-            raise CacheFormatError(
-                f"{path}: shard {c} of array {self.name!r} has {size} bytes, expected {expected} "
-                f"({present} uncompressed chunks of {self.inner_rows} rows and the index); the cache is corrupt"
-            )
-        ends = index[:, 0] + index[:, 1]
         used = index[:, 0] != _ABSENT
-        if used.any() and int(ends[used].max()) > size - self._index_bytes:
+        if used.any() and int((index[used, 0] + index[used, 1]).max()) > size - self._index_bytes:
             raise CacheFormatError(
                 f"{path}: the index of shard {c} of array {self.name!r} points past the end "
                 "of the file; the cache is corrupt"
             )
         return index
-
-    def _contiguous(self, index: np.ndarray, present: int) -> bool:
-        want = np.arange(present, dtype=np.uint64) * np.uint64(self._inner_bytes)
-        return bool(
-            (index[:present, 0] == want).all()
-            and (index[:present, 1] == self._inner_bytes).all()
-            and (index[present:] == _ABSENT).all()
-        )
 
     def _load_chunk(self, c: int) -> np.ndarray:
         block = self._maps.get(c)
@@ -395,44 +413,51 @@ class MappedShards(ChunkedArray):
         if not 0 <= c < self.n_chunks:
             raise IndexError(f"shard {c} out of range for array {self.name!r}")
         path = self._directory / self._key(c, self.ndim)
-        index = self._read_index(c, path)
-        row_shape = self.shape[1:]
         present = self._present(c)
-        if index is None:  # an absent shard reads as the fill value, as zarr specifies
-            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (present * self.inner_rows, *row_shape))
-        elif self._contiguous(index, present):
-            shape = (present * self.inner_rows, *row_shape)
-            # A plain ndarray view of the map: indexing np.memmap itself runs Python code per call.
-            block = np.memmap(path, dtype=self.dtype, mode="r", shape=shape).view(np.ndarray)
+        shape = (present * self.inner_rows, *self.shape[1:])
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # an absent shard reads as the fill value, as zarr specifies
+            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), shape)
         else:
-            block = self._gather(path, index, present)
+            try:
+                index = self._check_index(c, path, fd)
+                block = _map_block(fd, shape, self.dtype) if index is None else self._gather(path, fd, index, present)
+            finally:
+                os.close(fd)
         self._maps[c] = block
         if len(self._maps) > self._max_maps:
             self._maps.popitem(last=False)
         return block
 
-    def _gather(self, path: Path, index: np.ndarray, present: int) -> np.ndarray:
+    def _gather(self, path: Path, fd: int, index: np.ndarray, present: int) -> np.ndarray:
         """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
         block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill, dtype=self.dtype)
-        with open(path, "rb") as f:
-            for j, (offset, size) in enumerate(index[:present].tolist()):
-                if offset == _ABSENT:
-                    continue
-                if size != self._inner_bytes:
-                    raise CacheFormatError(
-                        f"{path}: inner chunk {j} of array {self.name!r} has {size} bytes, "
-                        f"expected {self._inner_bytes} (uncompressed); the cache is corrupt"
-                    )
-                f.seek(offset)
-                chunk = np.frombuffer(f.read(size), dtype=self.dtype)
-                block[j * self.inner_rows : (j + 1) * self.inner_rows] = chunk.reshape(self.inner_rows, *self.shape[1:])
+        for j, (offset, size) in enumerate(index[:present].tolist()):
+            if offset == _ABSENT:
+                continue
+            if size != self._inner_bytes:
+                raise CacheFormatError(
+                    f"{path}: inner chunk {j} of array {self.name!r} has {size} bytes, "
+                    f"expected {self._inner_bytes} (uncompressed); the cache is corrupt"
+                )
+            chunk = np.frombuffer(os.pread(fd, size, offset), dtype=self.dtype)
+            block[j * self.inner_rows : (j + 1) * self.inner_rows] = chunk.reshape(self.inner_rows, *self.shape[1:])
         block.setflags(write=False)
         return block
 
     def check_files(self) -> None:
         """Check the first and last shard files' sizes and indexes (two small reads; the rest on first use)."""
         for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
-            self._read_index(c, self._directory / self._key(c, self.ndim))
+            path = self._directory / self._key(c, self.ndim)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # reads as the fill value, as zarr specifies
+            try:
+                self._check_index(c, path, fd)
+            finally:
+                os.close(fd)
 
     def contiguous(self) -> np.ndarray | None:
         if self.n_chunks == 1:
