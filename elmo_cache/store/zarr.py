@@ -247,27 +247,40 @@ class ChunkedArray:
         return lo * self.chunk_rows + int(np.searchsorted(block, value, side="left"))
 
 
-class MappedChunks(ChunkedArray):
-    """Uncompressed zarr chunk files, each mapped with numpy.memmap on first use (LRU-bounded)."""
+class _MappedFiles(ChunkedArray):
+    """An array whose files hold raw rows, each checked and mapped on first use (LRU-bounded).
+
+    A "chunk" of :class:`ChunkedArray` is one file here. Subclasses say how many rows a file's
+    block has, how a file is checked (:meth:`_check`, which raises :class:`CacheFormatError`)
+    and how it is mapped.
+    """
 
     def __init__(
         self,
         name: str,
         shape: tuple[int, ...],
         dtype: np.dtype,
-        chunk_rows: int,
+        file_rows: int,
         directory: Path,
         key: Callable[[int, int], str],
         fill_value: Any,
     ):
-        super().__init__(name, shape, dtype, chunk_rows)
+        super().__init__(name, shape, dtype, file_rows)
         self._directory = directory
         self._key = key
         self._fill = fill_value
-        self._chunk_shape = (self.chunk_rows, *self.shape[1:])
-        self._chunk_bytes = int(np.prod(self._chunk_shape)) * self.dtype.itemsize
+        self._row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_maps = _max_open_maps()
+
+    def _block_rows(self, c: int) -> int:
+        raise NotImplementedError
+
+    def _check(self, c: int, path: Path, fd: int) -> Any:
+        raise NotImplementedError
+
+    def _map(self, c: int, path: Path, fd: int, checked: Any) -> np.ndarray:
+        return _map_block(fd, (self._block_rows(c), *self.shape[1:]), self.dtype)
 
     def _load_chunk(self, c: int) -> np.ndarray:
         block = self._maps.get(c)
@@ -275,21 +288,15 @@ class MappedChunks(ChunkedArray):
             self._maps.move_to_end(c)
             return block
         if not 0 <= c < self.n_chunks:
-            raise IndexError(f"chunk {c} out of range for array {self.name!r}")
+            raise IndexError(f"file {c} out of range for array {self.name!r}")
         path = self._directory / self._key(c, self.ndim)
         try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), self._chunk_shape)
-        else:
-            if size != self._chunk_bytes:
-                raise CacheFormatError(
-                    f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
-                    f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
-                )
             fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # an absent file reads as the fill value, as zarr specifies
+            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (self._block_rows(c), *self.shape[1:]))
+        else:
             try:
-                block = _map_block(fd, self._chunk_shape, self.dtype)
+                block = self._map(c, path, fd, self._check(c, path, fd))
             finally:
                 os.close(fd)
         self._maps[c] = block
@@ -298,18 +305,17 @@ class MappedChunks(ChunkedArray):
         return block
 
     def check_files(self) -> None:
-        """Check the sizes of the first and last chunk files (two ``stat`` calls; the rest on first use)."""
+        """Check the first and the last file (a ``stat`` and, for shards, a small read each; the rest on first use)."""
         for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
             path = self._directory / self._key(c, self.ndim)
             try:
-                size = os.path.getsize(path)
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 continue  # reads as the fill value, as zarr specifies
-            if size != self._chunk_bytes:
-                raise CacheFormatError(
-                    f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
-                    f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
-                )
+            try:
+                self._check(c, path, fd)
+            finally:
+                os.close(fd)
 
     def contiguous(self) -> np.ndarray | None:
         if self.n_chunks == 1:
@@ -319,7 +325,22 @@ class MappedChunks(ChunkedArray):
         return None
 
 
-class MappedShards(ChunkedArray):
+class MappedChunks(_MappedFiles):
+    """Uncompressed, unsharded zarr arrays: each chunk file is ``chunk_rows`` raw rows (edge chunks padded)."""
+
+    def _block_rows(self, c: int) -> int:
+        return self.chunk_rows
+
+    def _check(self, c: int, path: Path, fd: int) -> None:
+        size, expected = os.fstat(fd).st_size, self.chunk_rows * self._row_bytes
+        if size != expected:
+            raise CacheFormatError(
+                f"{path}: chunk of array {self.name!r} has {size} bytes, expected {expected} (an uncompressed "
+                f"chunk of shape {(self.chunk_rows, *self.shape[1:])} {self.dtype}); the cache is corrupt"
+            )
+
+
+class MappedShards(_MappedFiles):
     """Uncompressed sharded zarr arrays: each shard file is inner chunks in row order, then its index.
 
     elmo-cache writes shards whose inner chunks lie back to back from byte 0 (the layout zarr itself
@@ -341,18 +362,16 @@ class MappedShards(ChunkedArray):
         fill_value: Any,
         index_crc: bool,
     ):
-        super().__init__(name, shape, dtype, shard_rows)
+        super().__init__(name, shape, dtype, shard_rows, directory, key, fill_value)
         self.inner_rows = int(inner_rows)
-        self._directory = directory
-        self._key = key
-        self._fill = fill_value
-        self._inner_bytes = self.inner_rows * int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._inner_bytes = self.inner_rows * self._row_bytes
         self._per_shard = self.chunk_rows // self.inner_rows
         self._index_bytes = 16 * self._per_shard + (4 if index_crc else 0)
         self._index_crc = index_crc
         self._layouts: dict[int, bytes] = {}
-        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._max_maps = _max_open_maps()
+
+    def _block_rows(self, c: int) -> int:
+        return self._present(c) * self.inner_rows
 
     def _present(self, c: int) -> int:
         rows = min(self.chunk_rows, self.shape[0] - c * self.chunk_rows)
@@ -368,7 +387,7 @@ class MappedShards(ChunkedArray):
             body = self._layouts[present] = index.tobytes()
         return body
 
-    def _check_index(self, c: int, path: Path, fd: int) -> np.ndarray | None:
+    def _check(self, c: int, path: Path, fd: int) -> np.ndarray | None:
         """Check shard ``c``'s size and index; None when its chunks lie back to back (it can be
         mapped whole), else its (offset, size) pairs."""
         size = os.fstat(fd).st_size
@@ -405,30 +424,8 @@ class MappedShards(ChunkedArray):
             )
         return index
 
-    def _load_chunk(self, c: int) -> np.ndarray:
-        block = self._maps.get(c)
-        if block is not None:
-            self._maps.move_to_end(c)
-            return block
-        if not 0 <= c < self.n_chunks:
-            raise IndexError(f"shard {c} out of range for array {self.name!r}")
-        path = self._directory / self._key(c, self.ndim)
-        present = self._present(c)
-        shape = (present * self.inner_rows, *self.shape[1:])
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # an absent shard reads as the fill value, as zarr specifies
-            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), shape)
-        else:
-            try:
-                index = self._check_index(c, path, fd)
-                block = _map_block(fd, shape, self.dtype) if index is None else self._gather(path, fd, index, present)
-            finally:
-                os.close(fd)
-        self._maps[c] = block
-        if len(self._maps) > self._max_maps:
-            self._maps.popitem(last=False)
-        return block
+    def _map(self, c: int, path: Path, fd: int, checked: np.ndarray | None) -> np.ndarray:
+        return super()._map(c, path, fd, None) if checked is None else self._gather(path, fd, checked, self._present(c))
 
     def _gather(self, path: Path, fd: int, index: np.ndarray, present: int) -> np.ndarray:
         """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
@@ -445,26 +442,6 @@ class MappedShards(ChunkedArray):
             block[j * self.inner_rows : (j + 1) * self.inner_rows] = chunk.reshape(self.inner_rows, *self.shape[1:])
         block.setflags(write=False)
         return block
-
-    def check_files(self) -> None:
-        """Check the first and last shard files' sizes and indexes (two small reads; the rest on first use)."""
-        for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
-            path = self._directory / self._key(c, self.ndim)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # reads as the fill value, as zarr specifies
-            try:
-                self._check_index(c, path, fd)
-            finally:
-                os.close(fd)
-
-    def contiguous(self) -> np.ndarray | None:
-        if self.n_chunks == 1:
-            return self._load_chunk(0)[: self.shape[0]]
-        if self.n_chunks == 0:
-            return self._empty()
-        return None
 
 
 class DecodedChunks(ChunkedArray):
