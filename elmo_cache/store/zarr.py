@@ -854,7 +854,7 @@ class ZarrWriter(Writer):
         self._filled: list[int] = []  # files whose rows are all appended, not yet finished
         self._ready: list[int] = []  # files finished at the last sync, renamed after the commit
         # (size, CRC-32) of each finished vectors file, for checksums.json.
-        self.chunk_sums = RawColumn(self.build_dir / "chunk_sums.bin", "int64", (2,))
+        self.file_sums = RawColumn(self.build_dir / "file_sums.bin", "int64", (2,))
 
     def _rows_path(self, k: int) -> Path:
         return self.build_dir / f"rows-{k}.bin"
@@ -870,7 +870,7 @@ class ZarrWriter(Writer):
     def _open_vectors(self) -> None:
         rows = self.progress.rows
         published = rows // self.file_rows
-        self.chunk_sums.open(published)
+        self.file_sums.open(published)
         for k in range(published):  # finish a publication a crash interrupted
             final = vectors_file_path(self.staging, self.layout, k)
             if not final.is_file():
@@ -957,12 +957,12 @@ class ZarrWriter(Writer):
 
     def _sync_vectors(self) -> dict[str, Any]:
         for k in self._filled:
-            self.chunk_sums.append(np.array([self._finish_file(k, (k + 1) * self.file_rows)], dtype=np.int64))
+            self.file_sums.append(np.array([self._finish_file(k, (k + 1) * self.file_rows)], dtype=np.int64))
         self._ready, self._filled = self._filled, []
         if self._handle is not None:
             self._handle.flush()
             os.fsync(self._handle.fileno())
-        self.chunk_sums.sync()
+        self.file_sums.sync()
         return {}
 
     def _after_commit(self) -> None:
@@ -973,7 +973,7 @@ class ZarrWriter(Writer):
 
     def _close_vectors(self) -> None:
         self._close_handle(sync=False)
-        self.chunk_sums.close()
+        self.file_sums.close()
 
     # -- finishing ----------------------------------------------------------------------------
 
@@ -984,7 +984,7 @@ class ZarrWriter(Writer):
         files = -(-rows // self.file_rows)
         sums = {
             k: (int(size), int(crc))
-            for k, (size, crc) in enumerate(self.chunk_sums.read(rows // self.file_rows).tolist())
+            for k, (size, crc) in enumerate(self.file_sums.read(rows // self.file_rows).tolist())
         }
         if rows % self.file_rows:  # the last, partly filled file
             k = files - 1
