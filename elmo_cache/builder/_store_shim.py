@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.store._staging import Layout, fsync_path
-from elmo_cache.store.format import BUILD_DIR, CHECKSUM_ALGORITHM, CHECKSUMS_FILE, META_KEY, ZARR_JSON, metadata_checksum
+from elmo_cache.store.format import (
+    BUILD_DIR,
+    CHECKSUM_ALGORITHM,
+    CHECKSUMS_FILE,
+    META_KEY,
+    ZARR_JSON,
+    metadata_checksum,
+)
 from elmo_cache.store.zarr import SMALL_CHUNK, TEXT_CHUNK, _compressor, file_checksum
 
 __all__ = ["vectors_file_rows", "create_group", "write_vectors_file", "finish_group"]
@@ -87,7 +94,7 @@ def finish_group(
         if len(data):
             with zarr.config.set({"array.write_empty_chunks": True}):
                 array[:] = np.asarray(data)
-    ndim = len(group["vectors"].shape)
+    ndim = zarr.open_array(store=str(staging), path="vectors", mode="r").ndim
     known = {"/".join(["vectors", "c", str(k), *("0" * (ndim - 1))]): v for k, v in (vector_sums or {}).items()}
     files: dict[str, list[int]] = {}
     for directory, subdirectories, names in os.walk(staging):

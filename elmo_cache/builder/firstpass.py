@@ -92,7 +92,12 @@ class FirstPass:
         window = Window(
             first, tokens, np.array(self.hashes[first : first + count]), np.array(self.lengths[first : first + count])
         )
-        return window, np.array(self.offsets[first : first + count]), np.array(self.new[first : first + count]), first_row
+        return (
+            window,
+            np.array(self.offsets[first : first + count]),
+            np.array(self.new[first : first + count]),
+            first_row,
+        )
 
 
 def _path(directory: Path, name: str) -> Path:
@@ -170,7 +175,9 @@ def load_first_pass(directory: Path) -> FirstPass | None:
         file = _path(directory, name)
         want = counts[name] * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if not file.is_file() or file.stat().st_size != want:
-            raise CacheFormatError(f"{file}: missing or not {want} bytes; the build plan is damaged, rerun with --overwrite")
+            raise CacheFormatError(
+                f"{file}: missing or not {want} bytes; the build plan is damaged, rerun with --overwrite"
+            )
         arrays[name] = (
             np.memmap(file, dtype=dtype, mode="r", shape=(counts[name], *shape))
             if want

@@ -38,7 +38,7 @@ from elmo_cache.builder.encoding import (
     default_batch_tokens,
     load_encoder,
 )
-from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
+from elmo_cache.builder.options import ENGINES, BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, options_json, prepare_output
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import Layout, Progress, Writer, writer_class
@@ -194,7 +194,13 @@ def _now() -> str:
 
 
 def build(
-    corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None = None, encoder: Any = None
+    corpus: str | os.PathLike[str] | Corpus,
+    options: BuildOptions | None = None,
+    encoder: Any = None,
+    *,
+    engine: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
 ) -> BuildSummary:
     """Encode every line of ``corpus`` and write the cache; returns a :class:`BuildSummary`.
 
@@ -206,8 +212,24 @@ def build(
     interrupted build made with other options (unless ``overwrite``),
     :class:`~elmo_cache.errors.CorpusError` for unreadable input (lines before the bad one are
     committed first), :class:`~elmo_cache.errors.InvalidParameterError` for bad options.
+
+    ``engine="ray"`` builds the same cache on a Ray cluster (``pip install "elmo-cache[ray]"``; zarr
+    only): ``address`` names the cluster (None: a local one), ``workers`` the encoder actors; see
+    :func:`elmo_cache.builder.distributed.build_distributed` and docs/DISTRIBUTED.md.
     """
     options = options or BuildOptions()
+    if engine not in ENGINES:
+        raise InvalidParameterError(f"engine: {engine!r} is not valid; choose from {list(ENGINES)}")
+    if engine == "ray":
+        if encoder is not None:
+            raise InvalidParameterError(
+                "encoder: the ray engine loads the model in every worker; name it in the options instead"
+            )
+        from elmo_cache.builder.distributed import build_distributed
+
+        return build_distributed(corpus, options, address=address, workers=workers)
+    if address is not None or workers is not None:
+        raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
     source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
     plan = make_plan(source, options)
     if encoder is None:
