@@ -42,7 +42,7 @@ def create_group(staging: Path, layout: Layout, n_rows: int, metadata: dict[str,
         array = zarr.open_array(store=str(staging), path="vectors", mode="r")
         if array.shape == (n_rows, *layout.row_shape):
             return
-    group = zarr.create_group(store=str(staging), attributes={META_KEY: metadata}, overwrite=True)
+    group = zarr.create_group(store=str(staging), attributes={META_KEY: metadata})
     row = layout.row_shape
     group.create_array(
         "vectors",
