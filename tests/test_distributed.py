@@ -129,8 +129,8 @@ def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, mo
     assert_same_cache(output, reference)
 
 
-def test_empty_lines_keep_their_rows(tiny_model, tmp_path):
-    lines = ["", "", "a b c", "", "d", "", "", "e f"] * 50 + ["", ""]
+@pytest.mark.parametrize("lines", [["", "", "a b c", "", "d", "", "", "e f"] * 50 + ["", ""], [""] * 300])
+def test_empty_lines_keep_their_rows(tiny_model, tmp_path, lines):
     corpus = write_corpus(tmp_path / "empty.txt", lines)
     output = tmp_path / "empty.zarr"
     summary = run(corpus, options(tiny_model, output, batch_tokens=64))

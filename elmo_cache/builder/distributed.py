@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import socket
 import sys
@@ -553,6 +554,10 @@ def _run_parts(
         return []
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # ours counts parts and tokens
+    # Ray Data logs every execution's plan at INFO and warns that its bars are off: noise on a CLI.
+    ray_data_logger = logging.getLogger("ray.data")
+    level = ray_data_logger.level
+    ray_data_logger.setLevel(logging.ERROR)
     items = [
         {
             "index": s.index,
@@ -594,6 +599,7 @@ def _run_parts(
             "rerun the same command to resume"
         ) from None
     finally:
+        ray_data_logger.setLevel(level)
         if bar is not None:
             bar.close()
     return statuses
