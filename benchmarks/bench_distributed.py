@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _corpus import make_corpus, write_corpus  # noqa: E402
-from _machine import describe_machine  # noqa: E402
+from _corpus import make_corpus, write_corpus
+from _machine import describe_machine
 
 
 def same_files(a: Path, b: Path) -> bool:
