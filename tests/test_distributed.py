@@ -164,6 +164,8 @@ def test_clear_errors(tiny_model, corpus, tmp_path, monkeypatch):
         build(corpus, options(tiny_model, tmp_path / "x.zarr"), engine="spark")
     with pytest.raises(InvalidParameterError, match="workers: must be at least 1, got 0"):
         build(corpus, options(tiny_model, tmp_path / "x.zarr"), engine="ray", workers=0)
+    with pytest.raises(InvalidParameterError, match="3 workers of 1 CPUs need 3 CPUs; the Ray cluster has 2"):
+        build_distributed(corpus, options(tiny_model, tmp_path / "x.zarr"), workers=3, cpus_per_worker=1)
     with pytest.raises(InvalidParameterError, match="only the ray engine"):
         build(corpus, options(tiny_model, tmp_path / "x.zarr"), workers=2)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed

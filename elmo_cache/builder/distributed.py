@@ -36,6 +36,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -381,11 +382,8 @@ def _build(
     del probe
     plan = plan.with_model(dim)
 
-    class _Ident:  # identity() reads these two attributes of an encoder
-        output_dim = dim
-        identity = ident_model
-
-    ident = identity(plan, _Ident(), dedupe=bool(options.dedupe))
+    # identity() reads these two attributes of an encoder
+    ident = identity(plan, SimpleNamespace(output_dim=dim, identity=ident_model), dedupe=bool(options.dedupe))
     device = _device(ray, options)
     batch_tokens = default_batch_tokens(options, device.split(":")[0])
     window_tokens = batch_tokens * options.window_batches
@@ -427,6 +425,16 @@ def _build(
         workers = max(1, int(resources.get("GPU", 0))) if gpu else max(1, int(resources.get("CPU", 1)) // 4)
     if cpus_per_worker is None:
         cpus_per_worker = 1.0 if gpu else max(1.0, float(int(resources.get("CPU", 1)) // workers))
+    # An actor pool larger than the cluster would wait for resources forever: say so instead.
+    if gpu and workers > resources.get("GPU", 0):
+        raise InvalidParameterError(
+            f"workers: {workers} workers need one GPU each; the Ray cluster has {resources.get('GPU', 0):g}"
+        )
+    if workers * cpus_per_worker > resources.get("CPU", 0):
+        raise InvalidParameterError(
+            f"workers: {workers} workers of {cpus_per_worker:g} CPUs need {workers * cpus_per_worker:g} CPUs; "
+            f"the Ray cluster has {resources.get('CPU', 0):g}"
+        )
     if n_parts is None:
         n_parts = max(_PARTS_PER_WORKER * workers, -(-first.n_rows // (_MAX_FILES_PER_PART * file_rows)))
     parts_file = staging / BUILD_DIR / "parts.json"
@@ -444,7 +452,8 @@ def _build(
         layout,
         first.n_rows,
         files,
-        device,
+        # An actor with one GPU sees only that one (Ray sets CUDA_VISIBLE_DEVICES): "cuda", whatever index was asked.
+        "cuda" if gpu else device,
         options.precision,
         options.initial_state,
         batch_tokens,
@@ -467,9 +476,13 @@ def _build(
                 "every node must see the same model files"
             )
 
-    path, n_unique = _finish(staging, plan.output, layout, first, specs, ident, progress, build_info)
-    seconds = time.monotonic() - run_start
     tokens_run = sum(int(s["tokens"]) for s in statuses)
+    worker_names = sorted({str(s["worker"]) for s in statuses})
+    build_info.update(workers=worker_names, parts=len(specs), parts_run=len(todo))
+    path, n_unique = _finish(
+        staging, plan.output, layout, first, specs, ident, progress, build_info, tokens_run, run_start
+    )
+    seconds = time.monotonic() - run_start
     return BuildSummary(
         path,
         plan.format,
@@ -481,7 +494,7 @@ def _build(
         seconds,
         tokens_run / max(seconds, 1e-9),
         engine="ray",
-        workers=tuple(sorted({str(s["worker"]) for s in statuses})),
+        workers=tuple(worker_names),
         parts=len(specs),
         parts_run=len(todo),
     )
@@ -620,6 +633,8 @@ def _finish(
     ident: dict[str, Any],
     progress: Progress,
     build_info: dict[str, Any],
+    tokens_run: int,
+    run_start: float,
 ) -> tuple[Path, int]:
     """Stitch the shared vectors files from their fragments, then write everything else and publish."""
     file_rows = vectors_file_rows(layout)
@@ -663,6 +678,13 @@ def _finish(
         "tokens/bytes": first.text,
         "tokens/offsets": starts,
     }
-    build_info = {**build_info, "finished": _now()}
+    seconds = time.monotonic() - run_start
+    build_info = {
+        **build_info,
+        "finished": _now(),
+        # this run's wall time (first pass, workers, finishing) and the tokens its parts encoded per second
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens_run / seconds, 1) if seconds > 0 else None,
+    }
     meta = metadata(ident, progress, complete=True, n_unique=len(hashes), build_info=build_info)
     return finish_group(staging, output, small, meta, sums), len(hashes)
