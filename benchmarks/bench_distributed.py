@@ -4,11 +4,12 @@
 
 Starts a local Ray cluster with every CPU of this machine (``--address`` joins a running one),
 writes the deterministic benchmark corpus (``_corpus.make_corpus``) and a random-weight model of
-the given size, then builds the same cache with the local engine (torch using all the CPUs) and
-with the ray engine at each worker count (the CPUs split evenly among the actors, one torch
-thread per CPU). It prints the machine, each run's wall time and tokens/s end to end (first pass,
-Ray start-up, encoding, stitching and finishing included) and checks that every cache equals the
-local one byte for byte. Each ray run starts fresh (``overwrite``); the model loads once per actor.
+the given size, then builds the same cache with the local engine (1 torch thread, then all the
+CPUs) and with the ray engine at each worker count (``--cpus-per-worker`` CPUs and torch threads
+per actor, 1 by default: going from 1 to 2 workers doubles the compute, the scaling a cluster gets
+from more GPUs). It prints the machine, each run's wall time and tokens/s end to end (first pass,
+actor start-up, encoding, stitching and finishing included), and checks that every cache equals
+the local one byte for byte. Each ray run starts fresh (``overwrite``); the model loads once per actor.
 """
 
 from __future__ import annotations
@@ -46,12 +47,22 @@ def same_files(a: Path, b: Path) -> bool:
     return True
 
 
+def load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="small", help="random model preset (default: small)")
     parser.add_argument("--tokens", type=int, default=40_000, help="corpus size in tokens")
     parser.add_argument("--workers", default="1,2", help="worker counts to time, comma-separated")
     parser.add_argument("--parts-per-worker", type=int, default=4)
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=1,
+        help="CPUs (torch threads) per actor; 0: the cluster's CPUs split among the workers",
+    )
     parser.add_argument(
         "--batch-tokens", type=int, default=2048, help="small batches and windows, so a small corpus has many parts"
     )
@@ -90,30 +101,33 @@ def main() -> None:
                 progress=False,
             )
 
-        torch.set_num_threads(cpus)
-        start = time.perf_counter()
-        build(corpus, options("local.zarr"))
-        local = time.perf_counter() - start
-        print(f"local engine, {cpus} torch threads: {local:.1f} s, {tokens / local:,.0f} tokens/s")
+        local = 0.0
+        for threads in sorted({1, cpus}):
+            torch.set_num_threads(threads)
+            start = time.perf_counter()
+            build(corpus, options("local.zarr"))
+            wall = time.perf_counter() - start
+            local = local or wall  # the one-thread build is the baseline
+            print(f"local engine, {threads} torch thread(s): {wall:.1f} s, {tokens / wall:,.0f} tokens/s; {load()}")
 
         ray.init(address=args.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         try:
             total_cpus = int(ray.cluster_resources().get("CPU", cpus))
+            first = 0.0
             for n in (int(w) for w in args.workers.split(",")):
                 name = f"ray{n}.zarr"
+                cpus_each = args.cpus_per_worker or total_cpus // n
                 start = time.perf_counter()
                 summary = build_distributed(
-                    corpus,
-                    options(name),
-                    workers=n,
-                    parts=n * args.parts_per_worker,
-                    cpus_per_worker=total_cpus // n,
+                    corpus, options(name), workers=n, parts=n * args.parts_per_worker, cpus_per_worker=cpus_each
                 )
                 wall = time.perf_counter() - start
+                first = first or wall
                 equal = same_files(work / name, work / "local.zarr")
                 print(
-                    f"ray engine, {n} worker(s) x {total_cpus // n} CPU: {wall:.1f} s, {tokens / wall:,.0f} tokens/s "
-                    f"({local / wall:.2f}x the local engine); {summary.parts} parts; byte-equal to local: {equal}"
+                    f"ray engine, {n} worker(s) x {cpus_each} CPU: {wall:.1f} s, {tokens / wall:,.0f} tokens/s, "
+                    f"{first / wall:.2f}x the first ray run, {local / wall:.2f}x the 1-thread local engine; "
+                    f"{summary.parts} parts; byte-equal to local: {equal}; {load()}"
                 )
         finally:
             ray.shutdown()
