@@ -35,7 +35,7 @@ import numpy as np
 import zarr
 
 import elmo_cache
-from elmo_cache.builder import DEFAULT_CHUNK_ROWS
+from elmo_cache.builder import DEFAULT_CHUNK_ROWS, default_shard_rows
 from elmo_cache.store.format import FORMAT_VERSION
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -86,6 +86,7 @@ def metadata(kind: str, dim: int, fmt: str, compression, chunk_rows) -> dict:
         "dedupe": False,
         "compression": compression,
         "chunk_rows": chunk_rows if fmt == "zarr" else None,
+        "shard_rows": None,
         "model": {"name": "synthetic"},
         "tokenization": "whitespace",
         "sentence_hash": "blake2b-64-le",
@@ -100,7 +101,10 @@ def write_cache(path: Path, fmt: str, kind: str, dim: int, lengths, hashes, *, c
 
     row_shape = (3, dim) if kind == "layers" else (dim,)
     meta = metadata(kind, dim, fmt, compression, chunk_rows)
-    layout = Layout(fmt, row_shape, "float16", chunk_rows if fmt == "zarr" else None, compression)
+    row_bytes = int(np.prod(row_shape)) * 2
+    shard_rows = default_shard_rows(chunk_rows, row_bytes) if fmt == "zarr" else None
+    layout = Layout(fmt, row_shape, "float16", chunk_rows if fmt == "zarr" else None, compression, shard_rows)
+    meta["shard_rows"] = shard_rows
     writer = writer_class(fmt).create(path, layout, Progress(identity={"synthetic": True}), meta)
     rng = np.random.default_rng(1)
     offsets = np.zeros(len(lengths), np.int64)

@@ -50,6 +50,12 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     default=None,
     help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers).",
 )
+@click.option(
+    "--shard-rows",
+    type=int,
+    default=None,
+    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 256 MiB.",
+)
 @click.option("--dedupe", is_flag=True, help="Encode and store repeated sentences once.")
 @model_options
 @click.option("--precision", default="fp32", show_default=True, help="Encoder arithmetic: fp32, bf16 or fp16.")
@@ -98,6 +104,7 @@ def build_command(
     fp16,
     compression,
     chunk_rows,
+    shard_rows,
     dedupe,
     model,
     options_file,
@@ -129,6 +136,7 @@ def build_command(
         fp16=fp16,
         compression=compression,
         chunk_rows=chunk_rows,
+        shard_rows=shard_rows,
         dedupe=dedupe,
         model=model,
         options_file=options_file,

@@ -125,13 +125,17 @@ def cpu_bf16_problem(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return _torch_bf16_problem(arch)
 
 
+def _onednn_bf16() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _torch_bf16_problem(arch: str) -> str | None:
     """Why torch would not use the CPU's native bf16 (a capped oneDNN or kernel dispatch), or None."""
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         isa = os.environ.get(name, "").strip().upper()
         if isa and not isa.startswith(_BF16_ISAS):
             return f"{name}={isa} caps oneDNN below native bf16 (AVX512_CORE_BF16)"
-    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not _onednn_bf16():
         return "torch's oneDNN cannot run bf16 matmuls here"
     capability = torch.backends.cpu.get_cpu_capability()
     if arch == "x86" and not capability.startswith("AVX512"):

@@ -278,6 +278,9 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         chunks = tuple(vectors.chunks)
         if chunks[1:] != tuple(vectors.shape[1:]) or chunks[0] != meta.get("chunk_rows"):
             problems.append(f"vectors chunks {chunks} do not match chunk_rows {meta.get('chunk_rows')} along rows only")
+        shards = tuple(vectors.shards or chunks)
+        if meta.get("shard_rows") is not None and (shards[0] != meta["shard_rows"] or shards[1:] != chunks[1:]):
+            problems.append(f"vectors shards {shards} do not match shard_rows {meta['shard_rows']} along rows only")
     if problems:
         return
     report.checks.append("metadata and array shapes/dtypes")

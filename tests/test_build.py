@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import elmo_cache
-from elmo_cache.builder import BuildOptions, build, default_chunk_rows, default_output
+from elmo_cache.builder import BuildOptions, build, default_chunk_rows, default_output, default_shard_rows
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
 from elmo_cache.export import export
 from elmo_cache.selection import MixSpec
@@ -148,11 +148,17 @@ def test_metadata_follows_the_format(tmp_path, corpus, tiny_encoder):
     ]
     assert meta["checksums"]["algorithm"] == "crc32" and (output / meta["checksums"]["file"]).is_file()
     assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4) == 8192 and meta["compression"] is None
-    assert json.loads((output / "vectors" / "zarr.json").read_text())["chunk_grid"]["configuration"]["chunk_shape"] == [
-        8192,
-        2,
-        32,
+    # vectors files are shards of whole chunks, at most 256 MiB: 1M rows of 256 bytes here.
+    assert meta["shard_rows"] == default_shard_rows(8192, 2 * 32 * 4) == 2**20
+    vectors_meta = json.loads((output / "vectors" / "zarr.json").read_text())
+    assert vectors_meta["chunk_grid"]["configuration"]["chunk_shape"] == [2**20, 2, 32]
+    (sharding,) = vectors_meta["codecs"]
+    assert sharding["name"] == "sharding_indexed" and sharding["configuration"]["chunk_shape"] == [8192, 2, 32]
+    # One small file for this small cache: the last shard holds only the chunks that exist.
+    assert [p.relative_to(output).as_posix() for p in (output / "vectors" / "c").rglob("*") if p.is_file()] == [
+        "vectors/c/0/0/0"
     ]
+    assert (output / "vectors/c/0/0/0").stat().st_size == 8192 * 2 * 32 * 4 + 128 * 16 + 4
     assert meta["dim"] == tiny_encoder.output_dim == arrays["vectors"].shape[-1]
     assert meta["model"] == tiny_encoder.identity
     assert meta["tokenization"] == "whitespace" and meta["sentence_hash"] == "blake2b-64-le"
@@ -184,7 +190,9 @@ def test_compressed_zarr_holds_the_same_vectors(tmp_path, corpus, tiny_encoder, 
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
     codecs = json.loads((packed / "vectors" / "zarr.json").read_text())["codecs"]
-    assert len(codecs) == 2 and codecs[0]["name"] == "bytes"
+    (sharding,) = codecs
+    inner = sharding["configuration"]["codecs"]
+    assert sharding["name"] == "sharding_indexed" and len(inner) == 2 and inner[0]["name"] == "bytes"
     # Checksums cover the compressed chunk files as stored.
     assert verify(packed).ok
     chunk = packed / "vectors" / "c" / "0" / "0" / "0"

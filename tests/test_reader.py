@@ -52,7 +52,7 @@ def activations(encoder) -> list[np.ndarray]:
 
 @pytest.fixture
 def make_cache(tmp_path, corpus, encoder):
-    """Build a real cache of LINES (zarr chunks of 5 rows, so sentences straddle chunks)."""
+    """Build a real cache of LINES (zarr chunks of 5 rows in files of 10, so sentences straddle files)."""
 
     def make(
         *, fmt="zarr", layers=(0, 1, 2), mix=None, dtype="float32", dedupe=False, compress=False, name="cache"
@@ -64,6 +64,7 @@ def make_cache(tmp_path, corpus, encoder):
             fp16=dtype == "float16",
             compression="zstd" if compress else None,
             chunk_rows=5 if fmt == "zarr" else None,
+            shard_rows=10 if fmt == "zarr" else None,
             dedupe=dedupe,
             progress=False,
         )
@@ -179,8 +180,8 @@ def test_zarr_vectors_are_memory_mapped_and_chunk_straddling_reads(make_cache):
     with elmo_cache.open(path) as cache:
         assert is_mapped(cache._vectors._load_chunk(0)) and is_mapped(cache[2])
         offsets = np.asarray(cache._offsets)
-        starts, stops = offsets // 5, (offsets + cache.lengths - 1) // 5
-        assert np.any((stops > starts) & (cache.lengths > 0))  # some sentences straddle chunks
+        starts, stops = offsets // 10, (offsets + cache.lengths - 1) // 10
+        assert np.any((stops > starts) & (cache.lengths > 0))  # some sentences straddle files
         for i in range(len(cache)):
             np.testing.assert_array_equal(cache[i], direct(path, i))
 
@@ -209,7 +210,7 @@ def test_missing_zarr_chunk_reads_as_fill_value_like_zarr(make_cache):
     path = make_cache()
     (path / "vectors" / "c" / "1" / "0" / "0").unlink()
     reference = zarr.open_array(store=str(path), path="vectors", mode="r")[...]
-    assert not reference[5:10].any()
+    assert not reference[10:20].any() and reference[:10].any()
     with elmo_cache.open(path) as cache:
         rows = np.concatenate([cache[i].transpose(1, 0, 2) for i in range(len(cache))])  # no dedupe: rows in order
         np.testing.assert_array_equal(rows, reference)
@@ -372,23 +373,64 @@ def test_wrong_vector_shape(make_cache):
 
 def test_truncated_zarr_chunk(make_cache):
     path = make_cache()
-    # A middle chunk is checked when first read ...
-    chunk = path / "vectors" / "c" / "2" / "0" / "0"
-    chunk.write_bytes(chunk.read_bytes()[:100])
-    with (
-        elmo_cache.open(path) as cache,
-        pytest.raises(CacheFormatError, match="chunk of array 'vectors' has 100 bytes"),
-    ):
-        cache[3]  # rows 10..16
+    # A middle file (rows 20..29) is checked when first read ...
+    shard = path / "vectors" / "c" / "2" / "0" / "0"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with elmo_cache.open(path) as cache:
+        inside = int(np.flatnonzero((np.asarray(cache._offsets) // 10 == 2) & (cache.lengths > 0))[0])
+        with pytest.raises(CacheFormatError, match="shard 2 of array 'vectors' has 100 bytes"):
+            cache[inside]
     # ... the first and the last by open itself.
-    last = (json.loads((path / "zarr.json").read_text())["attributes"]["elmo_cache"]["n_rows"] - 1) // 5
+    last = (json.loads((path / "zarr.json").read_text())["attributes"]["elmo_cache"]["n_rows"] - 1) // 10
     for c in (0, last):
-        chunk = path / "vectors" / "c" / str(c) / "0" / "0"
-        whole = chunk.read_bytes()
-        chunk.write_bytes(whole[:100])
-        with pytest.raises(CacheFormatError, match=f"c/{c}/0/0: chunk of array 'vectors' has 100 bytes"):
+        shard = path / "vectors" / "c" / str(c) / "0" / "0"
+        whole = shard.read_bytes()
+        shard.write_bytes(whole[:100])
+        with pytest.raises(CacheFormatError, match=f"c/{c}/0/0: shard {c} of array 'vectors' has 100 bytes"):
             elmo_cache.open(path)
-        chunk.write_bytes(whole)
+        shard.write_bytes(whole)
+
+
+def test_sharded_files_are_what_zarr_writes(make_cache, tmp_path):
+    """The writer lays out shards itself (streaming, no copy); zarr must write the very same bytes."""
+    import zarr
+
+    path = make_cache()
+    vectors = zarr.open_array(store=str(path), path="vectors", mode="r")
+    again = zarr.create_array(
+        str(tmp_path / "again.zarr"),
+        shape=vectors.shape,
+        chunks=vectors.chunks,
+        shards=vectors.shards,
+        dtype=vectors.dtype,
+        compressors=None,
+        fill_value=0,
+    )
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        again[...] = vectors[...]
+    files = sorted(p.relative_to(path / "vectors") for p in (path / "vectors" / "c").rglob("*") if p.is_file())
+    assert len(files) == -(-vectors.shape[0] // 10) > 2
+    for name in files:
+        assert (path / "vectors" / name).read_bytes() == (tmp_path / "again.zarr" / name).read_bytes(), name
+
+
+def test_shard_laid_out_by_another_tool_is_read(make_cache):
+    """A valid shard whose inner chunks are not back to back (here: swapped) is still read right."""
+    import google_crc32c
+
+    path = make_cache()
+    with elmo_cache.open(path) as cache:
+        before = [np.array(cache[i]) for i in range(len(cache))]  # copies: views would see the rewrite
+    shard = path / "vectors" / "c" / "0" / "0" / "0"
+    data = shard.read_bytes()
+    chunk = (len(data) - 2 * 16 - 4) // 2  # two inner chunks, then the index and its CRC-32C
+    index = np.frombuffer(data[2 * chunk : -4], dtype="<u8").reshape(2, 2).copy()
+    index[:, 0] = index[::-1, 0]
+    body = index.tobytes()
+    shard.write_bytes(data[chunk : 2 * chunk] + data[:chunk] + body + google_crc32c.value(body).to_bytes(4, "little"))
+    with elmo_cache.open(path) as cache:
+        for i, expected in enumerate(before):
+            np.testing.assert_array_equal(cache[i], expected)
 
 
 def test_chunked_hdf5_dataset_is_refused(make_cache):

@@ -51,7 +51,8 @@ def failing_on(encoder, batch: int):
 
 
 @pytest.mark.parametrize(
-    ("fmt", "extra"), [("zarr", {"chunk_rows": 16}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})]
+    ("fmt", "extra"),
+    [("zarr", {"chunk_rows": 16, "shard_rows": 48}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})],
 )
 def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encoder, fmt, extra):
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))

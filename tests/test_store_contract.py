@@ -90,7 +90,8 @@ class StoreContract:
         return tmp_path / ("c.zarr" if self.fmt == "zarr" else "c.h5")
 
     def layout(self, row_shape=(2, DIM)) -> Layout:
-        return Layout(self.fmt, row_shape, "float32", 3 if self.fmt == "zarr" else None, None)
+        zarr = self.fmt == "zarr"
+        return Layout(self.fmt, row_shape, "float32", 3 if zarr else None, None, 6 if zarr else None)
 
     def write(self, output: Path, sentences: list[np.ndarray], *, commit_every: int = 2, finalize: bool = True):
         layout = self.layout(sentences[0].shape[1:] if sentences else (2, DIM))
@@ -309,7 +310,10 @@ class StoreContract:
                 last = cache._vectors.n_chunks - 1
             file = output / "vectors" / "c" / str(last) / "0" / "0"
             file.write_bytes(file.read_bytes()[:-8])
-            opened, verified = f"c/{last}/0/0: chunk of array 'vectors'", f"vectors/c/{last}/0/0 (array 'vectors')"
+            opened, verified = (
+                f"c/{last}/0/0: shard {last} of array 'vectors'",
+                f"vectors/c/{last}/0/0 (array 'vectors')",
+            )
         else:
             with h5py.File(output, "r") as f:
                 end = f["tokens/bytes"].id.get_offset() + 3

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from elmo_cache.builder.options import BuildOptions, BuildSummary
 from elmo_cache.builder.pipeline import build
-from elmo_cache.builder.plan import DEFAULT_CHUNK_ROWS, default_chunk_rows, default_output, resolve_output
+from elmo_cache.builder.plan import (
+    DEFAULT_CHUNK_ROWS,
+    default_chunk_rows,
+    default_output,
+    default_shard_rows,
+    resolve_output,
+)
 
 __all__ = [
     "BuildOptions",
@@ -21,6 +27,7 @@ __all__ = [
     "build",
     "DEFAULT_CHUNK_ROWS",
     "default_chunk_rows",
+    "default_shard_rows",
     "default_output",
     "resolve_output",
 ]

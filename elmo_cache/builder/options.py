@@ -33,6 +33,9 @@ class BuildOptions:
     compression: str | None = None
     # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB). Not valid for HDF5.
     chunk_rows: int | None = None
+    # zarr rows per vectors file, a shard of whole chunks (a multiple of chunk_rows); None:
+    # default_shard_rows() (files of at most 256 MiB). Not valid for HDF5.
+    shard_rows: int | None = None
     # Encode each distinct sentence once; repeated sentences point at its rows.
     dedupe: bool = False
     # Model name (elmo_cache.model.hub) or directory; None with no files given: the bundled model.

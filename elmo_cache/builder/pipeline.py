@@ -259,7 +259,7 @@ def build(
             already_complete=True,
         )
 
-    layout = Layout(plan.format, row_shape, plan.dtype, plan.chunk_rows, plan.compression)
+    layout = Layout(plan.format, row_shape, plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows)
     build_info: dict[str, Any] = {"args": options_json(options), "input": source.describe()}
     cls = writer_class(plan.format)
     try:

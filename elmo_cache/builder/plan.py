@@ -30,6 +30,7 @@ __all__ = [
     "IDENTITY_KEYS",
     "Plan",
     "default_chunk_rows",
+    "default_shard_rows",
     "default_output",
     "make_plan",
     "resolve_output",
@@ -65,6 +66,22 @@ def default_chunk_rows(row_bytes: int) -> int:
     return rows
 
 
+DEFAULT_SHARD_BYTES = 256 * 2**20
+"""Largest zarr ``vectors`` file (shard) the default allows (see :func:`default_shard_rows`)."""
+
+
+def default_shard_rows(chunk_rows: int, row_bytes: int) -> int:
+    """Rows per zarr ``vectors`` file when none is asked for: the most whole chunks within 256 MiB.
+
+    zarr keeps each chunk in its own file unless chunks are grouped into shards. At 3 MiB chunks a
+    100M-sentence corpus (2.5G tokens, Original layers in float16: 15 TB) would be 5M files, more
+    than many file systems and object stores handle well; in 256 MiB shards it is 57,000. A
+    memory-mapped reader maps a shard as one block, so lookups cost the same
+    (``benchmarks/bench_scale.py``), while compressed caches still decode one 3 MiB chunk per read.
+    """
+    return max(1, DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes)) * chunk_rows
+
+
 # Identity keys: options that change what the cache holds. A cache or interrupted build
 # whose identity differs from the command's cannot be reused.
 IDENTITY_KEYS = (
@@ -77,6 +94,7 @@ IDENTITY_KEYS = (
     "dedupe",
     "compression",
     "chunk_rows",
+    "shard_rows",
     "model",
     "tokenization",
     "sentence_hash",
@@ -107,16 +125,25 @@ class Plan:
     chunk_rows: int | None
     # zarr compressor name, None for raw bytes.
     compression: str | None
+    # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
+    shard_rows: int | None = None
 
     def row_shape(self, dim: int) -> tuple[int, ...]:
         return self.selection.row_shape(dim)
 
     def with_model(self, dim: int) -> Plan:
-        """This plan once the model's output width ``dim`` is known (fills the default chunk_rows)."""
-        if self.format != "zarr" or self.chunk_rows is not None:
+        """This plan once the model's output width ``dim`` is known (fills the default chunk_rows and shard_rows)."""
+        if self.format != "zarr":
             return self
         row_bytes = int(np.prod(self.row_shape(dim))) * np.dtype(self.dtype).itemsize
-        return dataclasses.replace(self, chunk_rows=default_chunk_rows(row_bytes))
+        chunk_rows = self.chunk_rows or default_chunk_rows(row_bytes)
+        shard_rows = self.shard_rows or default_shard_rows(chunk_rows, row_bytes)
+        if shard_rows % chunk_rows:
+            raise InvalidParameterError(
+                f"shard_rows: {shard_rows} is not a multiple of chunk_rows ({chunk_rows}); "
+                "a vectors file holds whole chunks"
+            )
+        return dataclasses.replace(self, chunk_rows=chunk_rows, shard_rows=shard_rows)
 
 
 def make_plan(source: Corpus, options: BuildOptions) -> Plan:
@@ -149,11 +176,15 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             )
         if options.chunk_rows is not None:
             raise InvalidParameterError("chunk_rows: only zarr caches are chunked; HDF5 datasets are contiguous")
+        if options.shard_rows is not None:
+            raise InvalidParameterError("shard_rows: only zarr caches are sharded; HDF5 datasets are contiguous")
         chunk_rows = None
     else:
         chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)  # None: set once dim is known
         if chunk_rows is not None and chunk_rows < 1:
             raise InvalidParameterError(f"chunk_rows: must be a positive number of rows, got {chunk_rows}")
+        if options.shard_rows is not None and options.shard_rows < 1:
+            raise InvalidParameterError(f"shard_rows: must be a positive number of rows, got {options.shard_rows}")
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
     from elmo_cache.encoder import PRECISIONS
@@ -169,7 +200,8 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
     if options.commit_seconds < 0:
         raise InvalidParameterError(f"commit_seconds: must be >= 0, got {options.commit_seconds}")
-    return Plan(output, fmt, selection, "float16" if options.fp16 else "float32", chunk_rows, compression)
+    shard_rows = None if fmt == "hdf5" or options.shard_rows is None else int(options.shard_rows)
+    return Plan(output, fmt, selection, "float16" if options.fp16 else "float32", chunk_rows, compression, shard_rows)
 
 
 def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Path:
@@ -188,6 +220,7 @@ def identity(plan: Plan, encoder: Any, *, dedupe: bool) -> dict[str, Any]:
         "dedupe": dedupe,
         "compression": plan.compression,
         "chunk_rows": plan.chunk_rows,
+        "shard_rows": plan.shard_rows,
         "model": dict(encoder.identity),
         "tokenization": TOKENIZATION,
         "sentence_hash": SENTENCE_HASH,

@@ -16,6 +16,7 @@ to answer misses with the model that built the cache).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ __all__ = [
     "locate",
     "file_sha256",
 ]
+
+_log = logging.getLogger(__name__)
 
 BUNDLED = "bundled"
 """Name of the model shipped inside the package."""
@@ -78,6 +81,10 @@ class PublishedModel:
     stem: str
     # Folder on the download server.
     folder: str
+    # SHA-256 (hex) the downloaded options.json must have; None: not pinned (see PINNED below).
+    options_sha256: str | None = None
+    # SHA-256 (hex) the downloaded weights must have; None: not pinned.
+    weights_sha256: str | None = None
 
     @property
     def options_url(self) -> str:
@@ -87,7 +94,17 @@ class PublishedModel:
     def weights_url(self) -> str:
         return f"{_BASE_URL}/{self.folder}/{self.stem}_weights.hdf5"
 
+    def files(self) -> tuple[tuple[str, str | None], tuple[str, str | None]]:
+        """``(url, sha256 or None)`` of the options file, then of the weights."""
+        return (self.options_url, self.options_sha256), (self.weights_url, self.weights_sha256)
 
+
+# The published files' SHA-256 sums are not pinned yet: this version was made on machines that
+# cannot reach the download server, so the sums could not be taken from the files themselves (and
+# AllenAI publishes none). `python scripts/pin_published_models.py`, run once with network, prints
+# the `options_sha256=`/`weights_sha256=` arguments to add below; from then on a download that
+# differs is refused and discarded. Until then downloads are not verified (a warning says so), and
+# every cache still records the SHA-256 of the weights that built it.
 PUBLISHED_MODELS: dict[str, PublishedModel] = {
     m.name: m
     for m in (
@@ -151,23 +168,46 @@ def _find_in_directory(directory: Path) -> tuple[Path, Path]:
     return options[0], weights[0]
 
 
-def _download(url: str, directory: Path, model: PublishedModel) -> Path:
+def _download(url: str, sha256: str | None, directory: Path, model: PublishedModel) -> Path:
+    """The file at ``url``, downloaded once into ``directory``; with ``sha256``, only ever with that hash.
+
+    pooch streams the download to a temporary file beside the target and renames it only once its
+    hash matches, so a mismatch leaves nothing behind. A file already there is checked against
+    ``sha256`` too (once per process and file version) and downloaded again if it differs.
+    """
     import pooch
     import requests
 
     fname = url.rsplit("/", 1)[1]
-    if (directory / fname).is_file():
-        return directory / fname
+    target = directory / fname
+    if target.is_file() and (sha256 is None or file_sha256(target) == sha256):
+        return target
+    if sha256 is None:
+        _log.warning("downloading %s without a pinned SHA-256: it cannot be verified", url)
     try:
         downloader = pooch.HTTPDownloader(progressbar=True, timeout=30)
-        return Path(pooch.retrieve(url, known_hash=None, fname=fname, path=directory, downloader=downloader))
-    except (requests.RequestException, OSError, ValueError) as exc:
-        raise ModelDownloadError(
-            f"could not download the {model.name!r} ELMo model ({type(exc).__name__}: {exc}).\n"
-            f"Download these two files by hand:\n  {model.options_url}\n  {model.weights_url}\n"
-            f"and put them in {directory} (or set ELMO_CACHE_MODELS to the folder holding them), "
-            "or pass local files with --options-file F --weight-file F (Encoder.from_files in Python)."
-        ) from None
+        known = None if sha256 is None else f"sha256:{sha256}"
+        return Path(pooch.retrieve(url, known_hash=known, fname=fname, path=directory, downloader=downloader))
+    except ValueError as exc:
+        if sha256 is not None and "hash" in str(exc).lower():
+            raise ModelDownloadError(
+                f"the download of {url} does not have the SHA-256 elmo-cache pins for the {model.name!r} model "
+                f"({sha256}); it was discarded and nothing was written to {directory}. The file on the server "
+                "changed or the download was tampered with; elmo-cache will not use it. "
+                f"({exc})"
+            ) from None
+        raise _failed(model, directory, exc) from None
+    except (requests.RequestException, OSError) as exc:
+        raise _failed(model, directory, exc) from None
+
+
+def _failed(model: PublishedModel, directory: Path, exc: Exception) -> ModelDownloadError:
+    return ModelDownloadError(
+        f"could not download the {model.name!r} ELMo model ({type(exc).__name__}: {exc}).\n"
+        f"Download these two files by hand:\n  {model.options_url}\n  {model.weights_url}\n"
+        f"and put them in {directory} (or set ELMO_CACHE_MODELS to the folder holding them), "
+        "or pass local files with --options-file F --weight-file F (Encoder.from_files in Python)."
+    )
 
 
 def resolve(model: str | os.PathLike[str] | None = None) -> ModelFiles:
@@ -184,8 +224,9 @@ def resolve(model: str | os.PathLike[str] | None = None) -> ModelFiles:
     if published is not None:
         directory = models_dir() / published.name
         directory.mkdir(parents=True, exist_ok=True)
-        options = _download(published.options_url, directory, published)
-        weights = _download(published.weights_url, directory, published)
+        (options_url, options_sha), (weights_url, weights_sha) = published.files()
+        options = _download(options_url, options_sha, directory, published)
+        weights = _download(weights_url, weights_sha, directory, published)
         return ModelFiles(published.name, options, weights, "published")
     path = Path(key).expanduser()
     if path.is_dir():

@@ -32,7 +32,16 @@ from elmo_cache.store import hdf5, zarr
 from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
 from elmo_cache.store.format import BUILD_DIR, FORMATS, STAGING_SUFFIX, ZARR_JSON, infer_format, staging_path
 from elmo_cache.store.hdf5 import Hdf5Writer
-from elmo_cache.store.zarr import COMPRESSIONS, SMALL_CHUNK, ZarrWriter
+from elmo_cache.store.zarr import (
+    COMPRESSIONS,
+    SMALL_CHUNK,
+    ZarrWriter,
+    create_group,
+    finish_group,
+    vectors_file_path,
+    vectors_file_rows,
+    write_vectors_file,
+)
 
 __all__ = [
     "FORMATS",
@@ -43,6 +52,11 @@ __all__ = [
     "Writer",
     "ZarrWriter",
     "Hdf5Writer",
+    "create_group",
+    "finish_group",
+    "vectors_file_path",
+    "vectors_file_rows",
+    "write_vectors_file",
     "container",
     "writer_class",
     "infer_format",

@@ -58,6 +58,8 @@ class Layout:
     chunk_rows: int | None = None
     # zarr compressor name from store.COMPRESSIONS (None: raw bytes).
     compression: str | None = None
+    # zarr rows per vectors file (a shard of whole chunks; a multiple of chunk_rows). None for HDF5.
+    shard_rows: int | None = None
 
     @property
     def row_bytes(self) -> int:

@@ -68,6 +68,11 @@ __all__ = [
     "ChunkedArray",
     "file_checksum",
     "ZarrWriter",
+    "create_group",
+    "finish_group",
+    "vectors_file_path",
+    "vectors_file_rows",
+    "write_vectors_file",
     "is_store",
     "read_metadata",
     "open_arrays",
@@ -77,13 +82,13 @@ __all__ = [
 COMPRESSIONS = ("none", "zstd", "blosc-lz4", "blosc-zstd")
 """Valid ``compression`` names for zarr caches ("none" is stored as null)."""
 
-# Entries per chunk of the 1-D arrays (offsets, lengths, index): 512 KiB of int64. Readers map
-# them chunk by chunk or load them whole; this size keeps a 100M-line cache at ~1,500 small
+# Entries per chunk of the 1-D arrays (offsets, lengths, index): 8 MiB of int64. Readers map
+# them chunk by chunk (lazily) or load them whole; this size keeps a 100M-line cache at ~100
 # files per array while a binary search of the index still touches only a few of them.
-SMALL_CHUNK = 1 << 16
+SMALL_CHUNK = 1 << 20
 
-# Bytes per chunk of ``tokens/bytes`` (about 60 bytes a sentence: ~70,000 sentences a chunk).
-TEXT_CHUNK = 1 << 22
+# Bytes per chunk of ``tokens/bytes`` (about 60 bytes a sentence: ~1.1M sentences a chunk).
+TEXT_CHUNK = 1 << 26
 
 # Bytes read at a time when a file's CRC-32 is computed.
 _CRC_BYTES = 16 * 2**20
@@ -295,6 +300,147 @@ class MappedChunks(ChunkedArray):
         return None
 
 
+class MappedShards(ChunkedArray):
+    """Uncompressed sharded zarr arrays: each shard file is inner chunks in row order, then its index.
+
+    elmo-cache writes shards whose inner chunks lie back to back from byte 0 (the layout zarr itself
+    writes), so a shard's rows are one raw C-order block: it is mapped whole, and a "chunk" of this
+    class is a shard (``chunk_rows`` = rows per shard). The index at the end of the file is checked
+    (its CRC-32C, and that it describes exactly that layout) when the file is first mapped; a shard
+    laid out otherwise (valid zarr, written by another tool) is read chunk by chunk into memory.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        shard_rows: int,
+        inner_rows: int,
+        directory: Path,
+        key: Callable[[int, int], str],
+        fill_value: Any,
+        index_crc: bool,
+    ):
+        super().__init__(name, shape, dtype, shard_rows)
+        self.inner_rows = int(inner_rows)
+        self._directory = directory
+        self._key = key
+        self._fill = fill_value
+        self._inner_bytes = self.inner_rows * int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._per_shard = self.chunk_rows // self.inner_rows
+        self._index_bytes = 16 * self._per_shard + (4 if index_crc else 0)
+        self._index_crc = index_crc
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._max_maps = _max_open_maps()
+
+    def _present(self, c: int) -> int:
+        rows = min(self.chunk_rows, self.shape[0] - c * self.chunk_rows)
+        return -(-rows // self.inner_rows)
+
+    def _read_index(self, c: int, path: Path) -> np.ndarray | None:
+        """The shard's (offset, size) pairs, after checking its size and CRC-32C; None if the file is absent."""
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return None
+        if size < self._index_bytes:
+            raise CacheFormatError(
+                f"{path}: shard {c} of array {self.name!r} has {size} bytes, too short "
+                "for its index; the cache is corrupt"
+            )
+        with open(path, "rb") as f:
+            f.seek(size - self._index_bytes)
+            raw = f.read(self._index_bytes)
+        body = raw[: 16 * self._per_shard]
+        present = self._present(c)
+        expected = present * self._inner_bytes + self._index_bytes
+        if self._index_crc:
+            import google_crc32c
+
+            if int(google_crc32c.value(body)) != int.from_bytes(raw[-4:], "little"):
+                raise CacheFormatError(
+                    f"{path}: shard {c} of array {self.name!r} has {size} bytes (expected {expected}) and its "
+                    "index fails its CRC-32C: truncated or damaged; the cache is corrupt"
+                )
+        index = np.frombuffer(body, dtype="<u8").reshape(self._per_shard, 2)
+        if self._contiguous(index, present) and size != expected:
+            raise CacheFormatError(
+                f"{path}: shard {c} of array {self.name!r} has {size} bytes, expected {expected} "
+                f"({present} uncompressed chunks of {self.inner_rows} rows and the index); the cache is corrupt"
+            )
+        ends = index[:, 0] + index[:, 1]
+        used = index[:, 0] != _ABSENT
+        if used.any() and int(ends[used].max()) > size - self._index_bytes:
+            raise CacheFormatError(
+                f"{path}: the index of shard {c} of array {self.name!r} points past the end "
+                "of the file; the cache is corrupt"
+            )
+        return index
+
+    def _contiguous(self, index: np.ndarray, present: int) -> bool:
+        want = np.arange(present, dtype=np.uint64) * np.uint64(self._inner_bytes)
+        return bool(
+            (index[:present, 0] == want).all()
+            and (index[:present, 1] == self._inner_bytes).all()
+            and (index[present:] == _ABSENT).all()
+        )
+
+    def _load_chunk(self, c: int) -> np.ndarray:
+        block = self._maps.get(c)
+        if block is not None:
+            self._maps.move_to_end(c)
+            return block
+        if not 0 <= c < self.n_chunks:
+            raise IndexError(f"shard {c} out of range for array {self.name!r}")
+        path = self._directory / self._key(c, self.ndim)
+        index = self._read_index(c, path)
+        row_shape = self.shape[1:]
+        present = self._present(c)
+        if index is None:  # an absent shard reads as the fill value, as zarr specifies
+            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (present * self.inner_rows, *row_shape))
+        elif self._contiguous(index, present):
+            shape = (present * self.inner_rows, *row_shape)
+            # A plain ndarray view of the map: indexing np.memmap itself runs Python code per call.
+            block = np.memmap(path, dtype=self.dtype, mode="r", shape=shape).view(np.ndarray)
+        else:
+            block = self._gather(path, index, present)
+        self._maps[c] = block
+        if len(self._maps) > self._max_maps:
+            self._maps.popitem(last=False)
+        return block
+
+    def _gather(self, path: Path, index: np.ndarray, present: int) -> np.ndarray:
+        """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
+        block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill, dtype=self.dtype)
+        with open(path, "rb") as f:
+            for j, (offset, size) in enumerate(index[:present].tolist()):
+                if offset == _ABSENT:
+                    continue
+                if size != self._inner_bytes:
+                    raise CacheFormatError(
+                        f"{path}: inner chunk {j} of array {self.name!r} has {size} bytes, "
+                        f"expected {self._inner_bytes} (uncompressed); the cache is corrupt"
+                    )
+                f.seek(offset)
+                chunk = np.frombuffer(f.read(size), dtype=self.dtype)
+                block[j * self.inner_rows : (j + 1) * self.inner_rows] = chunk.reshape(self.inner_rows, *self.shape[1:])
+        block.setflags(write=False)
+        return block
+
+    def check_files(self) -> None:
+        """Check the first and last shard files' sizes and indexes (two small reads; the rest on first use)."""
+        for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
+            self._read_index(c, self._directory / self._key(c, self.ndim))
+
+    def contiguous(self) -> np.ndarray | None:
+        if self.n_chunks == 1:
+            return self._load_chunk(0)[: self.shape[0]]
+        if self.n_chunks == 0:
+            return self._empty()
+        return None
+
+
 class DecodedChunks(ChunkedArray):
     """Compressed (or otherwise non-raw) zarr arrays: zarr decodes, we keep a few decoded chunks."""
 
@@ -380,18 +526,33 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
         raise CacheFormatError(f"{where}: malformed zarr.json ({exc})") from None
     if grid.get("name") != "regular" or len(chunk_shape) != len(shape) or not shape:
         raise CacheFormatError(f"{where}: expected a regular chunk grid matching shape {list(shape)}")
-    raw = (
-        len(codecs) == 1
-        and codecs[0].get("name") == "bytes"
-        and not meta.get("storage_transformers")
-        and chunk_shape[1:] == shape[1:]
-    )
-    if raw:
-        endian = (codecs[0].get("configuration") or {}).get("endian", "little")
-        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+    plain = not meta.get("storage_transformers") and chunk_shape[1:] == shape[1:]
+    if plain and _raw_bytes(codecs):
+        dtype = dtype.newbyteorder(_raw_bytes(codecs))
         key = _chunk_key(meta.get("chunk_key_encoding") or {}, root / name)
         return MappedChunks(
             name, shape, dtype, chunk_shape[0], directory, key, _fill_value(meta.get("fill_value"), dtype)
+        )
+    sharded = len(codecs) == 1 and codecs[0].get("name") == "sharding_indexed"
+    sharding = (codecs[0].get("configuration") or {}) if sharded else {}
+    inner = [int(s) for s in sharding.get("chunk_shape") or []]
+    index_codecs = [c.get("name") for c in sharding.get("index_codecs") or []]
+    if (
+        plain
+        and sharded
+        and _raw_bytes(sharding.get("codecs") or []) == "<"
+        and sharding.get("index_location", "end") == "end"
+        and index_codecs in (["bytes"], ["bytes", "crc32c"])
+        and _raw_bytes((sharding.get("index_codecs") or [])[:1]) == "<"
+        and len(inner) == len(shape)
+        and inner[1:] == list(shape[1:])
+        and chunk_shape[0] % inner[0] == 0
+    ):
+        dtype = dtype.newbyteorder(_raw_bytes(sharding["codecs"]))
+        key = _chunk_key(meta.get("chunk_key_encoding") or {}, root / name)
+        fill = _fill_value(meta.get("fill_value"), dtype)
+        return MappedShards(
+            name, shape, dtype, chunk_shape[0], inner[0], directory, key, fill, index_codecs[-1] == "crc32c"
         )
     import zarr  # only compressed caches pay for importing zarr
 
@@ -399,7 +560,16 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
         array = zarr.open_array(store=str(root), path=name, mode="r")
     except Exception as exc:  # zarr raises many types for unreadable metadata
         raise CacheFormatError(f"{where}: zarr cannot open it ({exc})") from None
-    return DecodedChunks(name, shape, array.dtype, chunk_shape[0], array)
+    # Sharded arrays are decoded one inner chunk at a time (zarr reads only that part of a shard).
+    rows = int(inner[0]) if sharded and inner else chunk_shape[0]
+    return DecodedChunks(name, shape, array.dtype, rows, array)
+
+
+def _raw_bytes(codecs: list[dict[str, Any]]) -> str | None:
+    """The byte order ("<" or ">") when a codec chain is just the ``bytes`` codec, else None."""
+    if len(codecs) != 1 or codecs[0].get("name") != "bytes":
+        return None
+    return "<" if (codecs[0].get("configuration") or {}).get("endian", "little") == "little" else ">"
 
 
 def open_arrays(root: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, ChunkedArray | None]]:
@@ -452,204 +622,372 @@ def _compressor(name: str | None, itemsize: int) -> Any:
     raise AssertionError(name)
 
 
+# zarr's sharding codec marks an inner chunk that is not in the shard file with this offset and size.
+_ABSENT = 2**64 - 1
+
+
+def vectors_file_rows(layout: Layout) -> int:
+    """Rows per ``vectors`` file of a zarr layout (one shard): row ``r`` lives in file ``r // vectors_file_rows``."""
+    if layout.shard_rows is None or layout.chunk_rows is None:
+        raise ValueError("a zarr layout needs chunk_rows and shard_rows")
+    return int(layout.shard_rows)
+
+
+def vectors_file_path(root: Path, layout: Layout, k: int) -> Path:
+    """Where ``vectors`` file ``k`` lives in the zarr group at ``root`` (the default chunk key encoding)."""
+    return root.joinpath("vectors", "c", str(k), *("0" * len(layout.row_shape)))
+
+
+def _vectors_array_spec(layout: Layout, n_rows: int) -> dict[str, Any]:
+    row = layout.row_shape
+    return {
+        "shape": (n_rows, *row),
+        "chunks": (int(layout.chunk_rows or 0), *row),
+        "shards": (vectors_file_rows(layout), *row),
+        "dtype": layout.dtype,
+        "compressors": _compressor(layout.compression, np.dtype(layout.dtype).itemsize),
+        "fill_value": 0,
+        "dimension_names": ("row", "layer", "dim") if len(row) == 2 else ("row", "dim"),
+    }
+
+
+def create_group(staging: Path, layout: Layout, n_rows: int, metadata: dict[str, Any]) -> None:
+    """Create the zarr group at ``staging`` (root attribute ``metadata``) with an empty ``vectors`` array of
+    ``n_rows`` rows laid out per ``layout``; no vectors file is written. Nothing happens when the group is
+    already there with that shape (a resumed build)."""
+    import zarr
+
+    vectors_meta = staging / "vectors" / ZARR_JSON
+    if vectors_meta.is_file():
+        shape = _read_json(vectors_meta, "array 'vectors'").get("shape")
+        if shape == [n_rows, *layout.row_shape]:
+            return
+        raise CacheFormatError(
+            f"{staging}: the vectors being built have shape {shape}, expected {[n_rows, *layout.row_shape]}; "
+            "rerun with --overwrite"
+        )
+    group = zarr.create_group(store=str(staging), attributes={META_KEY: metadata})
+    group.create_array("vectors", **_vectors_array_spec(layout, n_rows))
+
+
+def _file_geometry(layout: Layout, n_rows: int, k: int) -> tuple[int, int]:
+    """``(rows, inner chunks present)`` of vectors file ``k`` in an array of ``n_rows`` rows."""
+    shard, chunk = vectors_file_rows(layout), int(layout.chunk_rows or 0)
+    rows = max(0, min(shard, n_rows - k * shard))
+    return rows, -(-rows // chunk)
+
+
+def _shard_index(layout: Layout, present: int) -> bytes:
+    """The index zarr's sharding codec ends an uncompressed shard with: (offset, size) per inner chunk, then
+    its CRC-32C (the ``crc32c`` index codec)."""
+    import google_crc32c
+
+    chunk_bytes = int(layout.chunk_rows or 0) * layout.row_bytes
+    index = np.full((vectors_file_rows(layout) // int(layout.chunk_rows or 1), 2), _ABSENT, dtype="<u8")
+    index[:present, 0] = np.arange(present, dtype=np.uint64) * np.uint64(chunk_bytes)
+    index[:present, 1] = chunk_bytes
+    raw = index.tobytes()
+    return raw + int(google_crc32c.value(raw)).to_bytes(4, "little")
+
+
+def _encode_with_zarr(layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> bytes:
+    """Vectors file ``k`` as zarr itself encodes it (compressed layouts), in memory."""
+    import zarr
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+    from zarr.storage import MemoryStore
+
+    store = MemoryStore()
+    array = zarr.create_array(store, **_vectors_array_spec(layout, n_rows))
+    start = k * vectors_file_rows(layout)
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        array[start : start + len(rows)] = rows
+    key = "/".join(["c", str(k), *("0" * len(layout.row_shape))])
+    encoded = sync(store.get(key, prototype=default_buffer_prototype()))
+    assert encoded is not None, key
+    return encoded.to_bytes()
+
+
+def _write_file_body(handle: Any, layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> int:
+    """Write vectors file ``k`` (whose rows are ``rows``) to ``handle``; returns its CRC-32."""
+    if layout.compression is not None:
+        data = _encode_with_zarr(layout, n_rows, k, rows)
+        handle.write(data)
+        return checksum(data)
+    _, present = _file_geometry(layout, n_rows, k)
+    body = np.ascontiguousarray(rows, dtype=layout.dtype).data.cast("B")
+    padding = bytes(present * int(layout.chunk_rows or 0) * layout.row_bytes - len(body))
+    index = _shard_index(layout, present)
+    for piece in (body, padding, index):
+        handle.write(piece)
+    return checksum(index, checksum(padding, checksum(body)))
+
+
+def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> tuple[int, int]:
+    """Write ``vectors`` file ``k`` of an array of ``n_rows`` rows: its rows ``[k*F, min((k+1)*F, n_rows))``
+    (``F = vectors_file_rows(layout)``) are ``rows``, exactly that many.
+
+    The file goes to a temporary name in the build folder, is synced, then renamed into place, so a
+    file at its final name is always whole. Returns its ``(size, CRC-32)`` for ``checksums.json``.
+    """
+    want, _ = _file_geometry(layout, n_rows, k)
+    if len(rows) != want or tuple(rows.shape[1:]) != tuple(layout.row_shape):
+        raise ValueError(
+            f"vectors file {k} holds {want} rows of shape {layout.row_shape}, got an array of shape {rows.shape}"
+        )
+    tmp = staging / BUILD_DIR / f"vectors-{k}.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as handle:
+        crc = _write_file_body(handle, layout, n_rows, k, rows)
+        handle.flush()
+        os.fsync(handle.fileno())
+        size = handle.tell()
+    _publish(tmp, vectors_file_path(staging, layout, k))
+    return size, crc
+
+
+def _publish(source: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, final)
+    fsync_path(final.parent, directory=True)
+
+
+def _write_checksums(staging: Path, known: dict[str, tuple[int, int]]) -> None:
+    """``checksums.json``: size and CRC-32 of every file of the group but the root ``zarr.json``; ``known``
+    holds the sums already computed (relative paths), the other files are read now."""
+    files: dict[str, list[int]] = {}
+    for directory, subdirectories, names in os.walk(staging):
+        relative = Path(directory).relative_to(staging)
+        if relative.parts[:1] == (BUILD_DIR,):
+            subdirectories.clear()
+            continue
+        for name in names:
+            key = (relative / name).as_posix()
+            if key in (ZARR_JSON, CHECKSUMS_FILE):
+                continue
+            files[key] = list(known.get(key) or file_checksum(Path(directory) / name))
+    path = staging / CHECKSUMS_FILE
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"algorithm": CHECKSUM_ALGORITHM, "files": files}, f, sort_keys=True, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def finish_group(
+    staging: Path,
+    output: Path,
+    small_arrays: dict[str, np.ndarray],
+    metadata: dict[str, Any],
+    vector_sums: dict[int, tuple[int, int]] | None = None,
+) -> Path:
+    """Finish the zarr cache built in ``staging`` and publish it at ``output``.
+
+    Every ``vectors`` file must already be written. Sets ``vectors`` to ``metadata["n_rows"]`` rows,
+    writes the 1-D arrays (``offsets``, ``lengths``, ``index/hashes``, ``index/rows``, ``tokens/bytes``,
+    ``tokens/offsets``), ``checksums.json`` (``vector_sums[k]`` is vectors file ``k``'s ``(size, CRC-32)``
+    when already known), then the metadata with ``complete: true`` and its checksum, last; syncs,
+    renames the folder to ``output`` and removes the build folder.
+    """
+    import zarr
+    from zarr.core.sync import sync
+
+    group = zarr.open_group(store=str(staging), mode="r+")
+    vectors: Any = group["vectors"]
+    rows = int(metadata["n_rows"])
+    if vectors.shape[0] != rows:
+        sync(vectors.async_array.resize((rows, *vectors.shape[1:]), delete_outside_chunks=False))
+    for name, data in small_arrays.items():
+        array = group.create_array(
+            name,
+            shape=data.shape,
+            dtype=data.dtype,
+            chunks=(max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK)),),
+            compressors=None,
+            fill_value=0,
+            overwrite=True,
+        )
+        if len(data):
+            with zarr.config.set({"array.write_empty_chunks": True}):
+                array[:] = np.asarray(data)
+    for directory, _, files in os.walk(staging):
+        parts = Path(directory).relative_to(staging).parts
+        if parts[:1] == (BUILD_DIR,) or parts[:2] == ("vectors", "c"):
+            continue  # vectors files were synced when they were written
+        for file in files:
+            fsync_path(Path(directory) / file)
+    ndim = len(vectors.shape)
+    known = {
+        "/".join(["vectors", "c", str(k), *("0" * (ndim - 1))]): (int(size), int(crc))
+        for k, (size, crc) in (vector_sums or {}).items()
+    }
+    _write_checksums(staging, known)
+    # complete=true is the last write into the group; the rename then publishes it whole.
+    final = {**metadata}
+    final["checksums"] = {"algorithm": CHECKSUM_ALGORITHM, "file": CHECKSUMS_FILE, "metadata": metadata_checksum(final)}
+    group.attrs[META_KEY] = final
+    fsync_path(staging / ZARR_JSON)
+    os.rename(staging, output)
+    fsync_path(output.parent, directory=True)
+    shutil.rmtree(output / BUILD_DIR, ignore_errors=True)
+    return output
+
+
 class ZarrWriter(Writer):
-    """Writes a zarr v3 cache (FORMAT.md) through its staging folder."""
+    """Writes a zarr v3 cache (FORMAT.md) through its staging folder.
+
+    Rows stream into ``_build/rows-<k>.bin``, the raw rows of the vectors file ``k`` being filled. At a
+    commit each filled file is finished into ``_build/shard-<k>.ready`` (uncompressed: its index is
+    appended and the file renamed, so the vectors are never copied; compressed: zarr encodes it) and
+    synced; ``progress.json`` is written; then the ready files are renamed into ``vectors/c/``. A
+    crash between the two is repaired on resume, which also cuts the open file back to the commit.
+    """
 
     def __init__(self, output: Path, layout: Layout, progress: Progress):
         super().__init__(output, layout, progress)
-        assert layout.chunk_rows is not None, "a zarr layout carries chunk_rows (the build plan fills it)"
-        self.chunk_rows = int(layout.chunk_rows)
-        self._array: Any = None
-        self._tail = np.empty((0, *layout.row_shape), dtype=layout.dtype)
-        self._full_rows = 0  # rows held in full chunks
-        self._synced_chunks = 0  # chunks known to be on stable storage
-        # (size, CRC-32) of each synced chunk file of vectors, for checksums.json.
+        assert layout.chunk_rows is not None and layout.shard_rows is not None, "the build plan fills both"
+        self.file_rows = vectors_file_rows(layout)
+        self._rows = 0  # rows appended, committed or not
+        self._handle: Any = None  # the open rows-<k>.bin of file k = self._rows // file_rows
+        self._filled: list[int] = []  # files whose rows are all appended, not yet finished
+        self._ready: list[int] = []  # files finished at the last sync, renamed after the commit
+        # (size, CRC-32) of each finished vectors file, for checksums.json.
         self.chunk_sums = RawColumn(self.build_dir / "chunk_sums.bin", "int64", (2,))
+
+    def _rows_path(self, k: int) -> Path:
+        return self.build_dir / f"rows-{k}.bin"
+
+    def _ready_path(self, k: int) -> Path:
+        return self.build_dir / f"shard-{k}.ready"
 
     # -- container hooks ----------------------------------------------------------------------
 
     def _create_container(self) -> None:
-        import zarr
-
-        group = zarr.create_group(store=str(self.staging), attributes={META_KEY: self.initial_metadata})
-        row = self.layout.row_shape
-        group.create_array(
-            "vectors",
-            shape=(0, *row),
-            chunks=(self.chunk_rows, *row),
-            dtype=self.layout.dtype,
-            compressors=_compressor(self.layout.compression, np.dtype(self.layout.dtype).itemsize),
-            fill_value=0,
-            dimension_names=("row", "layer", "dim") if len(row) == 2 else ("row", "dim"),
-        )
-
-    def _chunk_dir(self) -> Path:
-        return self.staging / "vectors" / "c"
-
-    def _chunk_path(self, c: int) -> Path:
-        return self._chunk_dir().joinpath(str(c), *("0" * len(self.layout.row_shape)))
+        create_group(self.staging, self.layout, 0, self.initial_metadata)
 
     def _open_vectors(self) -> None:
-        import zarr
-
-        try:
-            self._array = zarr.open_array(store=str(self.staging), path="vectors", mode="r+")
-        except Exception as exc:  # zarr raises many types for unreadable metadata
-            raise CacheFormatError(
-                f"{self.staging}: cannot reopen the vectors being built ({exc}); rerun with --overwrite"
-            ) from None
         rows = self.progress.rows
-        self._full_rows = rows // self.chunk_rows * self.chunk_rows
-        self._synced_chunks = self._full_rows // self.chunk_rows
-        self.chunk_sums.open(self._synced_chunks)
-        # A crash may have left chunks past the last commit; they are rewritten or dropped.
-        self._set_rows(self._full_rows)
-        chunk_dir = self._chunk_dir()
+        published = rows // self.file_rows
+        self.chunk_sums.open(published)
+        for k in range(published):  # finish a publication a crash interrupted
+            final = vectors_file_path(self.staging, self.layout, k)
+            if not final.is_file():
+                if not self._ready_path(k).is_file():
+                    raise CacheFormatError(f"{final}: a committed vectors file is missing; rerun with --overwrite")
+                _publish(self._ready_path(k), final)
+        current = self._rows_path(published)
+        if self.layout.compression is None and not current.exists():
+            # Its rows were finished into a vectors file (index appended) by a commit or a finish that
+            # did not complete: take them back; the cut below drops the index.
+            for finished in (self._ready_path(published), vectors_file_path(self.staging, self.layout, published)):
+                if finished.is_file():
+                    os.replace(finished, current)
+                    break
+        for path in self.build_dir.glob("*.bin"):
+            if path.name.startswith("rows-") and path != current:
+                path.unlink()
+        for path in self.build_dir.glob("shard-*.ready"):
+            path.unlink()
+        chunk_dir = self.staging / "vectors" / "c"
         if chunk_dir.is_dir():
             for entry in chunk_dir.iterdir():
-                if not entry.name.isdigit() or int(entry.name) >= self._synced_chunks:
+                if not entry.name.isdigit() or int(entry.name) >= published:
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        tail_rows = rows - self._full_rows
-        self._tail = np.empty((0, *self.layout.row_shape), dtype=self.layout.dtype)
-        if tail_rows:
-            name = self.progress.extra.get("tail")
-            path = self.build_dir / str(name)
-            expected = tail_rows * self.layout.row_bytes
-            if not name or not path.is_file() or path.stat().st_size != expected:
+        want = (rows - published * self.file_rows) * self.layout.row_bytes
+        if want:
+            if not current.is_file() or current.stat().st_size < want:
                 raise CacheFormatError(
-                    f"{path}: the committed tail of the vectors is missing or damaged; rerun with --overwrite"
+                    f"{current}: the committed rows of the vectors are missing or damaged; rerun with --overwrite"
                 )
-            self._tail = np.fromfile(path, dtype=self.layout.dtype).reshape(tail_rows, *self.layout.row_shape)
+            os.truncate(current, want)
+        else:
+            current.unlink(missing_ok=True)
+        self._rows = rows
 
-    def _set_rows(self, rows: int) -> None:
-        from zarr.core.sync import sync
+    def _file_handle(self, k: int) -> Any:
+        if self._handle is None:
+            self._handle = open(self._rows_path(k), "ab")  # noqa: SIM115 - held across appends
+        return self._handle
 
-        # Only the shape in zarr.json changes; chunk files are managed here, not by zarr.
-        sync(self._array.async_array.resize((rows, *self.layout.row_shape), delete_outside_chunks=False))
-
-    def _write_rows(self, start: int, block: np.ndarray) -> None:
-        import zarr
-
-        # Chunks that are all zeros must still exist as files: readers map them.
-        with zarr.config.set({"array.write_empty_chunks": True}):
-            self._array[start : start + len(block)] = block
+    def _close_handle(self, *, sync: bool) -> None:
+        if self._handle is not None:
+            if sync:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            self._handle.close()
+            self._handle = None
 
     def _append_vectors(self, vectors: np.ndarray) -> None:
-        if not len(vectors):
-            return
-        c = self.chunk_rows
-        start = 0
-        if len(self._tail):
-            # Complete the pending chunk first (copies at most one chunk of rows).
-            start = min(len(vectors), c - len(self._tail))
-            self._tail = np.concatenate([self._tail, vectors[:start]])
-            if len(self._tail) < c:
-                return
-            self._set_rows(self._full_rows + c)
-            self._write_rows(self._full_rows, self._tail)
-            self._full_rows += c
-            self._tail = self._tail[:0]
-        aligned = (len(vectors) - start) // c * c
-        if aligned:  # whole chunks straight from the window, no copy
-            self._set_rows(self._full_rows + aligned)
-            self._write_rows(self._full_rows, vectors[start : start + aligned])
-            self._full_rows += aligned
-        self._tail = np.array(vectors[start + aligned :])
+        done, n = 0, len(vectors)
+        while done < n:
+            k = self._rows // self.file_rows
+            take = min(n - done, (k + 1) * self.file_rows - self._rows)
+            self._file_handle(k).write(np.ascontiguousarray(vectors[done : done + take]).data.cast("B"))
+            done += take
+            self._rows += take
+            if self._rows % self.file_rows == 0:
+                self._close_handle(sync=False)
+                self._filled.append(k)
+
+    def _finish_file(self, k: int, n_rows: int) -> tuple[int, int]:
+        """Turn rows-<k>.bin into the vectors file shard-<k>.ready (synced); returns its (size, CRC-32)."""
+        rows_path, ready = self._rows_path(k), self._ready_path(k)
+        if self.layout.compression is None:
+            _, present = _file_geometry(self.layout, n_rows, k)
+            with open(rows_path, "r+b") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.write(bytes(present * self.chunk_rows_bytes - handle.tell()))
+                handle.write(_shard_index(self.layout, present))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(rows_path, ready)
+            return file_checksum(ready)
+        block = np.fromfile(rows_path, dtype=self.layout.dtype).reshape(-1, *self.layout.row_shape)
+        with open(ready, "wb") as handle:
+            crc = _write_file_body(handle, self.layout, n_rows, k, block)
+            handle.flush()
+            os.fsync(handle.fileno())
+            return handle.tell(), crc
+
+    @property
+    def chunk_rows_bytes(self) -> int:
+        return int(self.layout.chunk_rows or 0) * self.layout.row_bytes
 
     def _sync_vectors(self) -> dict[str, Any]:
-        chunks = self._full_rows // self.chunk_rows
-        for c in range(self._synced_chunks, chunks):
-            path = self._chunk_path(c)
-            fsync_path(path)
-            self.chunk_sums.append(np.array([file_checksum(path)], dtype=np.int64))
+        for k in self._filled:
+            self.chunk_sums.append(np.array([self._finish_file(k, (k + 1) * self.file_rows)], dtype=np.int64))
+        self._ready, self._filled = self._filled, []
+        if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
         self.chunk_sums.sync()
-        self._synced_chunks = chunks
-        commit = int(self.progress.extra.get("commit", 0)) + 1
-        name = f"tail-{commit}.bin"
-        with open(self.build_dir / name, "wb") as f:
-            f.write(np.ascontiguousarray(self._tail).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        return {"tail": name, "commit": commit}
+        return {}
 
     def _after_commit(self) -> None:
-        keep = self.progress.extra.get("tail")
-        for path in self.build_dir.glob("tail-*.bin"):
-            if path.name != keep:
-                path.unlink(missing_ok=True)
+        for k in self._ready:
+            _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+            self._rows_path(k).unlink(missing_ok=True)  # compressed: the raw rows, now encoded
+        self._ready = []
 
     def _close_vectors(self) -> None:
-        self._array = None
+        self._close_handle(sync=False)
         self.chunk_sums.close()
 
     # -- finishing ----------------------------------------------------------------------------
 
-    def _write_checksums(self) -> None:
-        """``checksums.json``: size and CRC-32 of every file of the group but the root ``zarr.json``.
-
-        Committed chunks of ``vectors`` were summed when they were synced; the rest is read now.
-        """
-        known = {
-            self._chunk_path(c).relative_to(self.staging).as_posix(): (int(size), int(crc))
-            for c, (size, crc) in enumerate(self.chunk_sums.read(self._synced_chunks).tolist())
-        }
-        files: dict[str, list[int]] = {}
-        for directory, subdirectories, names in os.walk(self.staging):
-            relative = Path(directory).relative_to(self.staging)
-            if relative.parts[:1] == (BUILD_DIR,):
-                subdirectories.clear()
-                continue
-            for name in names:
-                key = (relative / name).as_posix()
-                if key in (ZARR_JSON, CHECKSUMS_FILE):
-                    continue
-                files[key] = list(known.get(key) or file_checksum(Path(directory) / name))
-        path = self.staging / CHECKSUMS_FILE
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"algorithm": CHECKSUM_ALGORITHM, "files": files}, f, sort_keys=True, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-
     def finalize(self, metadata: dict[str, Any]) -> Path:
-        import zarr
-
         rows = self.progress.rows
-        self._set_rows(rows)
-        if len(self._tail):
-            self._write_rows(self._full_rows, self._tail)
-            fsync_path(self._chunk_path(self._full_rows // self.chunk_rows))
-        group = zarr.open_group(store=str(self.staging), mode="r+")
-        for name, data in self.small_arrays().items():
-            array = group.create_array(
-                name,
-                shape=data.shape,
-                dtype=data.dtype,
-                chunks=(max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK)),),
-                compressors=None,
-                fill_value=0,
-                overwrite=True,
-            )
-            if len(data):
-                with zarr.config.set({"array.write_empty_chunks": True}):
-                    array[:] = np.asarray(data)
-        for directory, _, files in os.walk(self.staging):
-            parts = Path(directory).relative_to(self.staging).parts
-            if parts[:1] == (BUILD_DIR,) or parts[:2] == ("vectors", "c"):
-                continue  # vector chunks were synced as they were committed
-            for file in files:
-                fsync_path(Path(directory) / file)
-        self._write_checksums()
-        # complete=true is the last write into the group; the rename then publishes it whole.
-        final = {**metadata}
-        final["checksums"] = {
-            "algorithm": CHECKSUM_ALGORITHM,
-            "file": CHECKSUMS_FILE,
-            "metadata": metadata_checksum(final),
+        assert rows == self._rows and not self._filled, "finalize follows the last commit"
+        self._close_handle(sync=True)
+        files = -(-rows // self.file_rows)
+        sums = {
+            k: (int(size), int(crc))
+            for k, (size, crc) in enumerate(self.chunk_sums.read(rows // self.file_rows).tolist())
         }
-        group.attrs[META_KEY] = final
-        fsync_path(self.staging / ZARR_JSON)
+        if rows % self.file_rows:  # the last, partly filled file
+            k = files - 1
+            sums[k] = self._finish_file(k, rows)
+            # Compressed: the raw rows stay until the build folder goes, in case finishing fails.
+            _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+        small = self.small_arrays()
         self.close()
-        os.rename(self.staging, self.output)
-        fsync_path(self.output.parent, directory=True)
-        shutil.rmtree(self.output / BUILD_DIR, ignore_errors=True)
-        return self.output
+        return finish_group(self.staging, self.output, small, metadata, sums)
