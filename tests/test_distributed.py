@@ -4,6 +4,7 @@ byte, a failed part is redone alone, empty lines keep their rows, the CLI, and c
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,15 +16,22 @@ ray = pytest.importorskip("ray")
 import elmo_cache  # noqa: E402
 from elmo_cache.builder import BuildOptions, build  # noqa: E402
 from elmo_cache.builder.distributed import FAIL_PART_ENV, build_distributed, cut_parts  # noqa: E402
-from elmo_cache.errors import ElmoCacheError, InvalidParameterError  # noqa: E402
+from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError  # noqa: E402
 from elmo_cache.store.format import BUILD_DIR, ZARR_JSON, staging_path  # noqa: E402
 from elmo_cache.verify import verify  # noqa: E402
 from tests._build_fixtures import corpus_lines, write_corpus  # noqa: E402
 
 LINES = corpus_lines(3000, seed=3)
 # Small windows, files and parts, so that a few thousand lines make ~18 windows, ~30 vectors files
-# (chunks of 1024 rows) and 4 parts whose cuts split files into fragments.
-SMALL = {"batch_tokens": 1024, "window_batches": 2, "chunk_rows": 1024, "device": "cpu", "progress": False}
+# (shards of 4 chunks of 256 rows, the last one partial) and 4 parts whose cuts split files into fragments.
+SMALL = {
+    "batch_tokens": 1024,
+    "window_batches": 2,
+    "chunk_rows": 256,
+    "shard_rows": 1024,
+    "device": "cpu",
+    "progress": False,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -114,14 +122,21 @@ def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, mo
     done = sorted(p.name for p in (staging / BUILD_DIR / "parts").iterdir())
     assert done == ["0.done", "1.done", "3.done"]
     # Files of the parts that finished must not be written again.
-    kept = {}
+    kept, fragments = {}, 0
     for name in ("0.done", "1.done", "3.done"):
         marker = json.loads((staging / BUILD_DIR / "parts" / name).read_text())
+        fragments += len(marker["fragments"])
         for k in marker["files"]:
             path = staging / "vectors" / "c" / k / "0" / "0"
             kept[k] = path.stat().st_mtime_ns
-    assert kept
+    assert kept and fragments  # whole files and files shared with a neighbour (stitched at the end)
     monkeypatch.delenv(FAIL_PART_ENV)
+    # A corpus touched since the plan was made is refused before any work (the plan would not fit it).
+    stat = corpus.stat()
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(CacheExistsError, match="another corpus or window size .*mtime_ns.*--overwrite"):
+        run(corpus, opts)
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     summary = run(corpus, opts)
     assert (summary.parts, summary.parts_run) == (4, 1) and "1 of 4 parts" in str(summary)
     for k, mtime in kept.items():
@@ -150,7 +165,8 @@ def test_cli_engine_ray(tiny_model, corpus, reference, tmp_path):
     output = tmp_path / "cli.zarr"
     args = ["build", str(corpus), "-o", str(output), "--engine", "ray", "--workers", "2", "--dedupe"]
     args += ["--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1]), "--device", "cpu"]
-    args += ["--batch-tokens", "1024", "--window-batches", "2", "--chunk-rows", "1024", "--no-progress"]
+    args += ["--batch-tokens", "1024", "--window-batches", "2", "--chunk-rows", "256", "--shard-rows", "1024"]
+    args += ["--no-progress"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "ray: 8 parts on" in result.output
@@ -159,7 +175,7 @@ def test_cli_engine_ray(tiny_model, corpus, reference, tmp_path):
 
 def test_clear_errors(tiny_model, corpus, tmp_path, monkeypatch):
     with pytest.raises(InvalidParameterError, match=r"zarr caches only.*HDF5"):
-        build(corpus, options(tiny_model, tmp_path / "x.h5", chunk_rows=None), engine="ray")
+        build(corpus, options(tiny_model, tmp_path / "x.h5", chunk_rows=None, shard_rows=None), engine="ray")
     with pytest.raises(InvalidParameterError, match=r"engine: 'spark' is not valid; choose from \['local', 'ray'\]"):
         build(corpus, options(tiny_model, tmp_path / "x.zarr"), engine="spark")
     with pytest.raises(InvalidParameterError, match="workers: must be at least 1, got 0"):

@@ -41,8 +41,6 @@ from typing import Any
 
 import numpy as np
 
-# TEMPORARY: until main's "store: sharded vectors" lands (see _store_shim.py).
-from elmo_cache.builder._store_shim import create_group, finish_group, vectors_file_rows, write_vectors_file
 from elmo_cache.builder.encoding import WindowEncoder, default_batch_tokens
 from elmo_cache.builder.firstpass import FirstPass, corpus_signature, first_pass, load_first_pass, sentence_index
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
@@ -57,7 +55,15 @@ from elmo_cache.builder.plan import (
 )
 from elmo_cache.errors import CacheExistsError, CacheFormatError, ElmoCacheError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
-from elmo_cache.store import Layout, Progress, remove_output
+from elmo_cache.store import (
+    Layout,
+    Progress,
+    create_group,
+    finish_group,
+    remove_output,
+    vectors_file_rows,
+    write_vectors_file,
+)
 from elmo_cache.store._staging import atomic_write_json, fsync_path
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.text.corpus import Corpus
@@ -404,7 +410,7 @@ def _build(
     first = load_first_pass(plan_dir)
     if first is None:
         first = first_pass(source, plan_dir, window_tokens, bool(options.dedupe), plan_info)
-    layout = Layout(plan.format, plan.row_shape(dim), plan.dtype, plan.chunk_rows, plan.compression)
+    layout = Layout(plan.format, plan.row_shape(dim), plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows)
     file_rows = vectors_file_rows(layout)
     progress = Progress(identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens)
     build_info: dict[str, Any] = {
