@@ -45,6 +45,7 @@ from elmo_cache.builder.encoding import WindowEncoder, default_batch_tokens
 from elmo_cache.builder.firstpass import FirstPass, corpus_signature, first_pass, load_first_pass, sentence_index
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import (
+    DISTRIBUTED_PLAN_DIR,
     Plan,
     differences,
     identity,
@@ -74,7 +75,7 @@ FAIL_PART_ENV = "ELMO_CACHE_TEST_FAIL_PART"
 """Test-only: the driver reads this part number from its environment and that part fails after writing its
 files but before its marker, as a worker dying there would."""
 
-PLAN_DIR = "plan"
+PLAN_DIR = DISTRIBUTED_PLAN_DIR
 PARTS_DIR = "parts"
 FRAGMENTS_DIR = "fragments"
 

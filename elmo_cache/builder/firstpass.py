@@ -21,6 +21,7 @@ import numpy as np
 
 from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
+from elmo_cache.builder.plan import DISTRIBUTED_PLAN_FILE
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._staging import atomic_write_json, encode_tokens, fsync_path
 from elmo_cache.store.format import TEXT_ENCODING
@@ -29,7 +30,7 @@ from elmo_cache.text.tokenize import sentence_hash
 
 __all__ = ["FirstPass", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature", "sentence_index"]
 
-PLAN_FILE = "plan.json"
+PLAN_FILE = DISTRIBUTED_PLAN_FILE
 
 # name -> (dtype, item shape) of the plan's raw files, one item per sentence (windows: per window).
 _COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
