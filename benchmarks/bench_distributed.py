@@ -15,6 +15,7 @@ the local one byte for byte. Each ray run starts fresh (``overwrite``); the mode
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -28,8 +29,6 @@ from _machine import describe_machine
 
 
 def same_files(a: Path, b: Path) -> bool:
-    import json
-
     def files(root: Path) -> dict[str, bytes]:
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -124,9 +123,12 @@ def main() -> None:
                 wall = time.perf_counter() - start
                 first = first or wall
                 equal = same_files(work / name, work / "local.zarr")
+                log = json.loads((work / name / "zarr.json").read_text())["attributes"]["elmo_cache"]["build"]
                 print(
                     f"ray engine, {n} worker(s) x {cpus_each} CPU: {wall:.1f} s, {tokens / wall:,.0f} tokens/s, "
                     f"{first / wall:.2f}x the first ray run, {local / wall:.2f}x the 1-thread local engine; "
+                    f"first pass {log['first_pass_seconds']:.1f} s, actors (start, load, encode, write) "
+                    f"{log['parts_seconds']:.1f} s = {log['parts_tokens_per_s']:,.0f} tokens/s; "
                     f"{summary.parts} parts; byte-equal to local: {equal}; {load()}"
                 )
         finally:

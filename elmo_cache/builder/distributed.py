@@ -408,9 +408,11 @@ def _build(
     summary = _prepare(plan, ident, options, staging, plan_dir, plan_info)
     if summary is not None:
         return summary
+    begin = time.monotonic()
     first = load_first_pass(plan_dir)
     if first is None:
         first = first_pass(source, plan_dir, window_tokens, bool(options.dedupe), plan_info)
+    first_pass_seconds = time.monotonic() - begin
     layout = Layout(plan.format, plan.row_shape(dim), plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows)
     file_rows = vectors_file_rows(layout)
     progress = Progress(identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens)
@@ -467,7 +469,9 @@ def _build(
         max(1, int(cpus_per_worker)),
         int(fail) if fail else None,
     )
+    begin = time.monotonic()
     statuses = _run_parts(ray, job, todo, len(specs), workers, cpus_per_worker, gpu, options.progress)
+    parts_seconds = time.monotonic() - begin
     errors = [s for s in statuses if s["error"]]
     if errors:
         named = "; ".join(f"part {s['part']} on {s['worker']}: {s['error']}" for s in errors)
@@ -485,7 +489,16 @@ def _build(
 
     tokens_run = sum(int(s["tokens"]) for s in statuses)
     worker_names = sorted({str(s["worker"]) for s in statuses})
-    build_info.update(workers=worker_names, parts=len(specs), parts_run=len(todo))
+    # Where this run's time went: the first pass (0 when reused), the actors (start-up, model load,
+    # encoding, writing), and the tokens/s of that second phase alone.
+    build_info.update(
+        workers=worker_names,
+        parts=len(specs),
+        parts_run=len(todo),
+        first_pass_seconds=round(first_pass_seconds, 3),
+        parts_seconds=round(parts_seconds, 3),
+        parts_tokens_per_s=round(tokens_run / parts_seconds, 1) if parts_seconds > 0 else None,
+    )
     path, n_unique = _finish(
         staging, plan.output, layout, first, specs, ident, progress, build_info, tokens_run, run_start
     )
