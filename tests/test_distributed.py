@@ -159,19 +159,22 @@ def test_empty_lines_keep_their_rows(tiny_model, tmp_path, lines):
     assert_same_cache(output, reference)
 
 
-def test_cli_engine_ray(tiny_model, corpus, reference, tmp_path):
+def test_cli_engine_ray(tiny_model, corpus, tmp_path):
+    """Another layout through the CLI: layers 1,2 in float16, no dedupe, the default parts (4 per worker)."""
     from click.testing import CliRunner
 
     from elmo_cache.cli.main import cli
 
     output = tmp_path / "cli.zarr"
-    args = ["build", str(corpus), "-o", str(output), "--engine", "ray", "--workers", "2", "--dedupe"]
+    args = ["build", str(corpus), "-o", str(output), "--engine", "ray", "--workers", "2", "--layers", "1,2", "--fp16"]
     args += ["--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1]), "--device", "cpu"]
     args += ["--batch-tokens", "1024", "--window-batches", "2", "--chunk-rows", "256", "--shard-rows", "1024"]
     args += ["--no-progress"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "ray: 8 parts on" in result.output
+    reference = tmp_path / "local.zarr"
+    build(corpus, options(tiny_model, reference, layers="1,2", fp16=True))
     assert_same_cache(output, reference)
 
 
