@@ -146,6 +146,34 @@ def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, mo
     assert_same_cache(output, reference)
 
 
+def test_killed_driver_resumes(tiny_model, corpus, reference, tmp_path):
+    """kill -9 of the driver mid-run: the same call again redoes only the parts without a marker."""
+    import subprocess
+    import time
+
+    output = tmp_path / "killed.zarr"
+    address = ray.get_runtime_context().gcs_address
+    script = (
+        "import sys; from elmo_cache.builder import BuildOptions; "
+        "from elmo_cache.builder.distributed import build_distributed; "
+        f"build_distributed({str(corpus)!r}, BuildOptions(output={str(output)!r}, options_file={str(tiny_model[0])!r}, "
+        f"weight_file={str(tiny_model[1])!r}, dedupe=True, **{SMALL!r}), address={address!r}, workers=2, parts=4, "
+        "cpus_per_worker=0.5)"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
+    parts = staging_path(output) / BUILD_DIR / "parts"
+    deadline = time.monotonic() + 120
+    while not (parts.is_dir() and any(parts.iterdir())) and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    driver.kill()
+    assert driver.wait() == -9, "the driver ended before it could be killed"
+    done = len(list(parts.iterdir()))
+    assert 1 <= done <= 4
+    summary = run(corpus, options(tiny_model, output, dedupe=True))
+    assert summary.parts_run == 4 - done
+    assert_same_cache(output, reference)
+
+
 @pytest.mark.parametrize("lines", [["", "", "a b c", "", "d", "", "", "e f"] * 50 + ["", ""], [""] * 300])
 def test_empty_lines_keep_their_rows(tiny_model, tmp_path, lines):
     corpus = write_corpus(tmp_path / "empty.txt", lines)
