@@ -13,9 +13,10 @@ encoder), then measures
   hash, a binary search of the index and the stored tokens compared), each checked, cold and warm;
   and misses (sentences not in the cache).
 
-    python benchmarks/bench_scale.py                                  # 100M sentences, ~16 GB, ~15 min
-    python benchmarks/bench_scale.py --sentences 1000000 --dir /tmp   # quick
-    python benchmarks/bench_scale.py --shard-rows 4096 --chunk-rows 4096   # as many files as Original-size rows
+    python benchmarks/bench_scale.py                        # 100M sentences, ~12 GB of files, ~15 min
+    python benchmarks/bench_scale.py --sentences 1000000    # quick
+    # the same rows as Original-size caches would be cut: one 3 MiB chunk per file, then 256 MiB shards
+    python benchmarks/bench_scale.py --layout 512:512 --layout 512:43520
 """
 
 from __future__ import annotations
@@ -47,26 +48,16 @@ def key(i: int, length: int) -> str:
     return " ".join([f"s{i}", *(WORDS[(i + j) % len(WORDS)] for j in range(1, length))])
 
 
-def write_cache(path: Path, n: int, dim: int, chunk_rows: int | None, shard_rows: int | None, seed: int) -> np.ndarray:
-    """Write the cache; returns the sentence lengths (the rest follows from them)."""
+def make_sentences(n: int, seed: int, directory: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Lengths and every 1-D array of the cache (tokens in ``directory / "text.bin"``)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 5, size=n, dtype=np.int32)
     offsets = np.zeros(n, np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
-    n_rows = int(lengths.sum())
-    row_bytes = dim * 2
-    chunk_rows = chunk_rows or default_chunk_rows(row_bytes)
-    shard_rows = shard_rows or default_shard_rows(chunk_rows, row_bytes)
-    layout = Layout("zarr", (dim,), "float16", chunk_rows, None, shard_rows)
-    staging = path.with_name(path.name + ".partial")
-    meta = metadata("mix", dim, "zarr", None, chunk_rows) | {"shard_rows": shard_rows}
-    zarr_store.create_group(staging, layout, n_rows, meta)
-
     t0 = time.perf_counter()
     hashes = np.empty(n, np.uint64)
     text_offsets = np.zeros(n + 1, np.int64)
-    text_path = staging / ".build" / "text.bin"
-    text_path.parent.mkdir(parents=True, exist_ok=True)
+    text_path = directory / "text.bin"
     with open(text_path, "wb") as text:
         for start in range(0, n, BLOCK):
             stop = min(n, start + BLOCK)
@@ -74,31 +65,44 @@ def write_cache(path: Path, n: int, dim: int, chunk_rows: int | None, shard_rows
             hashes[start:stop] = [int.from_bytes(hashlib.blake2b(k, digest_size=8).digest(), "little") for k in keys]
             text_offsets[start + 1 : stop + 1] = text_offsets[start] + np.cumsum([len(k) for k in keys])
             text.write(b"".join(keys))
-    print(f"  keys and hashes: {time.perf_counter() - t0:.0f} s")
+    order = np.argsort(hashes, kind="stable")
+    ordered = hashes[order]
+    assert (ordered[1:] != ordered[:-1]).all(), "a 64-bit collision among the synthetic sentences: change --seed"
+    print(f"  keys, hashes and index of {n:,} sentences: {time.perf_counter() - t0:.0f} s")
+    return lengths, {
+        "offsets": offsets,
+        "lengths": lengths,
+        "index/hashes": ordered,
+        "index/rows": order.astype(np.int64),
+        "tokens/bytes": np.memmap(text_path, dtype=np.uint8, mode="r"),
+        "tokens/offsets": text_offsets,
+    }
 
+
+def write_cache(path: Path, arrays: dict[str, np.ndarray], dim: int, chunk_rows: int | None, shard_rows: int | None):
+    """The cache of ``arrays`` with vectors whose rows hold their row number (mod 2048)."""
+    n, n_rows = len(arrays["lengths"]), int(arrays["lengths"].sum())
+    row_bytes = dim * 2
+    chunk_rows = chunk_rows or default_chunk_rows(row_bytes)
+    shard_rows = shard_rows or default_shard_rows(chunk_rows, row_bytes)
+    layout = Layout("zarr", (dim,), "float16", chunk_rows, None, shard_rows)
+    staging = path.with_name(path.name + ".partial")
+    meta = metadata("mix", dim, "zarr", None, chunk_rows) | {"shard_rows": shard_rows}
+    zarr_store.create_group(staging, layout, n_rows, meta)
     t0 = time.perf_counter()
     sums = {}
     for k in range(-(-n_rows // shard_rows)):
         first, last = k * shard_rows, min(n_rows, (k + 1) * shard_rows)
         rows = np.broadcast_to((np.arange(first, last) % 2048).astype(np.float16)[:, None], (last - first, dim))
         sums[k] = zarr_store.write_vectors_file(staging, layout, n_rows, k, rows)
-    print(f"  vectors: {time.perf_counter() - t0:.0f} s")
-
+    written = time.perf_counter() - t0
     t0 = time.perf_counter()
-    order = np.argsort(hashes, kind="stable")
-    assert len(np.unique(hashes)) == n, "a 64-bit collision among the synthetic sentences: change --seed"
-    arrays = {
-        "offsets": offsets,
-        "lengths": lengths,
-        "index/hashes": hashes[order],
-        "index/rows": order.astype(np.int64),
-        "tokens/bytes": np.memmap(text_path, dtype=np.uint8, mode="r"),
-        "tokens/offsets": text_offsets,
-    }
     meta.update(complete=True, n_sentences=n, n_tokens=n_rows, n_rows=n_rows, n_unique=n)
     zarr_store.finish_group(staging, path, arrays, meta, sums)
-    print(f"  index and small arrays: {time.perf_counter() - t0:.0f} s")
-    return lengths
+    print(
+        f"  chunk_rows {chunk_rows}, shard_rows {shard_rows}: vectors written in {written:.0f} s, "
+        f"finished (small arrays, checksums) in {time.perf_counter() - t0:.0f} s"
+    )
 
 
 def describe_files(path: Path) -> None:
@@ -156,51 +160,64 @@ def lookups(path: Path, lengths: np.ndarray, count: int, seed: int, *, cold: boo
         print(f"  find(miss), {label}:    {stats(times)}")
 
 
+def layout_arg(text: str) -> tuple[int | None, int | None]:
+    if text == "default":
+        return None, None
+    chunk, _, shard = text.partition(":")
+    return int(chunk), int(shard or chunk)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=100_000_000)
     parser.add_argument("--dim", type=int, default=8, help="fp16 values per row (mixed cache)")
-    parser.add_argument("--chunk-rows", type=int, default=None)
-    parser.add_argument("--shard-rows", type=int, default=None)
+    parser.add_argument(
+        "--layout",
+        type=layout_arg,
+        action="append",
+        help="CHUNK_ROWS:SHARD_ROWS of a cache to write and measure, or 'default' (repeatable; default: default)",
+    )
     parser.add_argument("--lookups", type=int, default=20_000)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary folder)")
-    parser.add_argument("--keep", action="store_true", help="keep the cache (and reuse it on the next run)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(machine())
     directory = Path(tempfile.mkdtemp(dir=args.dir))
-    path = directory / f"scale-{args.sentences}.zarr"
     try:
-        print(f"writing {args.sentences:,} sentences to {path}")
-        t0 = time.perf_counter()
-        lengths = write_cache(path, args.sentences, args.dim, args.chunk_rows, args.shard_rows, args.seed)
-        print(f"  written in {time.perf_counter() - t0:.0f} s; {int(lengths.sum()):,} rows")
-        describe_files(path)
-        os.sync()
-        drop_page_cache(path)
-        gc.collect()
-        rss0 = rss_mib()
-        t0 = time.perf_counter()
-        cache = elmo_cache.open(path)
-        cold_open = time.perf_counter() - t0
-        rss = rss_mib() - rss0
-        cache.close()
-        warm = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            elmo_cache.open(path).close()
-            warm.append(time.perf_counter() - t0)
-        print(
-            f"  open: cold {cold_open * 1000:.1f} ms, warm median {statistics.median(warm) * 1000:.2f} ms, "
-            f"RSS growth {rss:.1f} MiB"
-        )
-        lookups(path, lengths, args.lookups, args.seed + 1, cold=True)
-        lookups(path, lengths, args.lookups, args.seed + 2, cold=False)
+        print(f"{args.sentences:,} sentences in {directory}")
+        lengths, arrays = make_sentences(args.sentences, args.seed, directory)
+        print(f"  {int(lengths.sum()):,} rows of {args.dim} float16")
+        for chunk_rows, shard_rows in args.layout or [(None, None)]:
+            path = directory / "cache.zarr"
+            write_cache(path, arrays, args.dim, chunk_rows, shard_rows)
+            measure(path, lengths, args.lookups, args.seed)
+            shutil.rmtree(path)
     finally:
-        if args.keep:
-            print(f"kept {path}")
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def measure(path: Path, lengths: np.ndarray, count: int, seed: int) -> None:
+    describe_files(path)
+    os.sync()
+    drop_page_cache(path)
+    gc.collect()
+    rss0 = rss_mib()
+    t0 = time.perf_counter()
+    cache = elmo_cache.open(path)
+    cold_open = time.perf_counter() - t0
+    rss = rss_mib() - rss0
+    cache.close()
+    warm = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        elmo_cache.open(path).close()
+        warm.append(time.perf_counter() - t0)
+    print(
+        f"  open: cold {cold_open * 1000:.1f} ms, warm median {statistics.median(warm) * 1000:.2f} ms, "
+        f"RSS growth {rss:.1f} MiB"
+    )
+    lookups(path, lengths, count, seed + 1, cold=True)
+    lookups(path, lengths, count, seed + 2, cold=False)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def info_command(cache, as_json):
         )
     lines += [
         f"stores:       {what}, dim {meta.get('dim')}, {meta.get('dtype')}, dedupe {meta.get('dedupe')}",
-        f"storage:      compression {meta.get('compression')}, chunk_rows {meta.get('chunk_rows')}",
+        f"storage:      compression {meta.get('compression')}, chunk_rows {meta.get('chunk_rows')}, "
+        f"shard_rows {meta.get('shard_rows')}",
         f"model:        {model.get('name')} (weights sha256 {str(model.get('weights_sha256'))[:16]}..., "
         f"precision {model.get('precision')}, initial state {model.get('initial_state')})",
     ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -158,6 +159,15 @@ def _check_precision(precision: str, device: torch.device) -> torch.dtype:
                 f"CUDA GPU with bf16. To run it anyway (e.g. to match a cache built in bf16 elsewhere), set "
                 f"{ALLOW_SLOW_BF16_ENV}=1"
             )
+    if device.type == "cpu" and precision == "fp16":
+        # Not refused like emulated bf16 (nothing goes wrong, and matching a GPU-built fp16 cache
+        # is a use), but nobody should pick it for speed by mistake.
+        warnings.warn(
+            "precision 'fp16' on a CPU is slower than 'fp32' (0.33-0.4x measured, benchmarks/RESULTS.md) and less "
+            "exact: no CPU has a fast fp16 path in torch; it is meant for CUDA GPUs. Use 'fp32' on CPUs.",
+            UserWarning,
+            stacklevel=4,
+        )
     return PRECISIONS[precision]
 
 

@@ -322,6 +322,9 @@ def test_format_from_suffix_and_default_output(tmp_path, corpus, tiny_encoder):
         ({"compression": "lz77"}, r"choose from \['none', 'zstd', 'blosc-lz4', 'blosc-zstd'\]"),
         ({"format": "parquet"}, r"choose from \['zarr', 'hdf5'\]"),
         ({"chunk_rows": 0}, "positive"),
+        ({"shard_rows": 0}, "positive"),
+        ({"output": "x.h5", "shard_rows": 64}, "only zarr caches are sharded"),
+        ({"chunk_rows": 4, "shard_rows": 10}, r"shard_rows: 10 is not a multiple of chunk_rows \(4\)"),
         ({"batch_tokens": 0}, "positive"),
     ],
 )

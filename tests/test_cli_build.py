@@ -108,6 +108,19 @@ def test_existing_cache_with_other_options(corpus, model_args):
     assert run("build", corpus, "--no-progress", "--layers", "2", "--overwrite", *model_args).exit_code == 0
 
 
+def test_chunk_and_shard_rows(tmp_path, corpus, model_args):
+    output = tmp_path / "small-files.zarr"
+    result = run("build", corpus, "-o", output, "--chunk-rows", 8, "--shard-rows", 32, "--no-progress", *model_args)
+    assert result.exit_code == 0, result.output
+    meta, _ = raw_arrays(output)
+    assert meta["chunk_rows"] == 8 and meta["shard_rows"] == 32
+    files = sorted(p.name for p in (output / "vectors" / "c").iterdir())
+    assert len(files) == -(-meta["n_rows"] // 32) > 1
+    assert "chunk_rows 8, shard_rows 32" in run("info", output).stdout
+    bad = run("build", corpus, "-o", tmp_path / "x.zarr", "--chunk-rows", 8, "--shard-rows", 12, *model_args)
+    assert bad.exit_code == 1 and "shard_rows: 12 is not a multiple of chunk_rows (8)" in bad.stderr
+
+
 def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_encoder):
     output = tmp_path / "c.zarr"
     build(corpus, BuildOptions(output=output, dedupe=True, progress=False), encoder=tiny_encoder)

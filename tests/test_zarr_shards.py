@@ -139,3 +139,16 @@ def test_create_group_refuses_another_shape(tmp_path):
     zarr_store.create_group(staging, layout(), 10, {})
     with pytest.raises(elmo_cache.CacheFormatError, match="shape"):
         zarr_store.create_group(staging, layout(), 11, {})
+
+
+def test_a_damaged_shard_index_is_found_by_open(tmp_path):
+    output = finish(write(tmp_path / "c.zarr", _sentences(12, seed=6), layout()))
+    with elmo_cache.open(output) as cache:
+        last = cache._vectors.n_chunks - 1
+    shard = output / "vectors" / "c" / str(last) / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF  # inside the (offset, size) pairs
+    shard.write_bytes(bytes(data))
+    with pytest.raises(elmo_cache.CacheFormatError, match=f"shard {last} of array 'vectors'.*CRC-32C"):
+        elmo_cache.open(output)
+    assert not verify(output).ok

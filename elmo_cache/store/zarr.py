@@ -1,42 +1,44 @@
 """The zarr v3 container of docs/FORMAT.md: its reader and its writer.
 
-Reading. zarr keeps every chunk of an array in its own file (``vectors/c/<i>/0/0`` with the
-default chunk key encoding). When an array's codec chain is just the ``bytes`` codec (no
-compressor, no sharding, no transpose) and it is chunked along rows only, as FORMAT.md asks
-of an uncompressed cache, each chunk file *is* the raw C-order bytes of ``chunk_rows`` rows,
-always full-size (zarr v3 pads edge chunks). Such an array is read here without zarr at all:
-each chunk file is mapped with :class:`numpy.memmap` when first touched, so a sentence is a
-zero-copy view of the page cache, shared by every DataLoader worker, exactly as with HDF5.
-A sentence that straddles a chunk boundary is the concatenation of two slices (one copy).
-A chunk file that does not exist reads as the array's fill value, as zarr specifies
-(zarr skips writing chunks that hold only the fill value).
+Files. zarr keeps every chunk of an array in its own file unless chunks are grouped into
+*shards* (the ``sharding_indexed`` codec): then a file holds a shard, its chunks one after the
+other and an index of where each one is at its end. ``vectors`` is sharded (FORMAT.md says why:
+a 100M-sentence cache would otherwise be millions of files); the 1-D arrays are not.
 
-Open mappings are kept in a small LRU because every ``mmap`` holds a file descriptor; a
-100M-sentence cache has tens of thousands of chunk files and re-mapping an evicted chunk
-costs an ``open`` + ``mmap`` (microseconds). Opening touches only the ``zarr.json`` files,
-so it is independent of the cache size, and ``zarr`` itself is not even imported (the writer
-imports it when a build starts).
+Reading. When an array's chunks are raw bytes (the ``bytes`` codec alone, no compressor, chunked
+along rows only) a chunk file *is* the raw C-order bytes of ``chunk_rows`` rows (zarr pads edge
+chunks), and so is the data part of a shard whose chunks lie back to back, as this module
+writes them. Such an array is read here without zarr at all: each file is mapped with
+:class:`numpy.memmap` when first touched, so a sentence is a zero-copy view of the page cache,
+shared by every DataLoader worker, exactly as with HDF5. A sentence that straddles two files is
+the concatenation of two slices (one copy). A file that does not exist reads as the array's fill
+value, as zarr specifies. A shard's index is checked (size, CRC-32C, layout) when the shard is
+first mapped.
 
-Arrays that are compressed (or sharded, or chunked across columns) fall back to zarr's own
-reads, one decoded chunk at a time, with a few decoded chunks kept (bounded by bytes) so
-that sequential reads decode each chunk once. Random reads of a compressed cache decode a
-whole chunk per sentence: that is the price of compression, which saves little on floats.
+Open mappings are kept in a small LRU because every ``mmap`` holds a file descriptor;
+re-mapping an evicted file costs an ``open`` + ``mmap`` (microseconds). Opening touches only the
+``zarr.json`` files and the first and last file of each array, so it is independent of the
+cache size, and ``zarr`` itself is not even imported (the writer imports it).
 
-Writing. Vectors go straight into the final chunk files while the build runs. The staging
-folder ``<output>.partial/`` *is* the zarr group being built. Full chunks of ``vectors`` are
-written as soon as their rows exist, so finishing a build never copies the vectors again (at
-several KB per token that copy would cost as much as a slow encoder); the rows of the last,
-incomplete chunk wait in a small ``tail-N.bin`` file that each commit rewrites (at most one
-chunk). Each committed chunk file's size and CRC-32 are staged as it is synced. Finishing
-writes the per-sentence arrays, the tokens and the index, then ``checksums.json`` (size and
-CRC-32 of every file but the root ``zarr.json``), sets ``complete: true`` and renames the folder
-to the output, so the output path only ever holds a finished cache.
+Arrays that are compressed (or chunked across columns) fall back to zarr's own reads, one decoded
+chunk at a time (of a shard, zarr reads only that chunk), with a few decoded chunks kept (bounded
+by bytes) so that sequential reads decode each chunk once. Random reads of a compressed cache
+decode a whole chunk per sentence: that is the price of compression, which saves little on floats.
+
+Writing. See :class:`ZarrWriter`: rows stream into the file of the shard being filled, which
+becomes a vectors file when full, so finishing a build never copies the vectors again (at several
+KB per token that copy would cost as much as a slow encoder). Finishing (:func:`finish_group`)
+writes the per-sentence arrays, the tokens and the index, then ``checksums.json`` (size and CRC-32
+of every file but the root ``zarr.json``), sets ``complete: true`` and renames the folder to the
+output, so the output path only ever holds a finished cache. :func:`create_group` and
+:func:`write_vectors_file` let other writers (a distributed build) fill vectors files in any order.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import resource
 import shutil
@@ -130,6 +132,20 @@ def _max_open_maps() -> int:
     if soft == resource.RLIM_INFINITY:
         return 1024
     return max(8, min(1024, soft // 8))
+
+
+def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The first bytes of the open file ``fd`` as a read-only array of ``shape``, memory-mapped.
+
+    ``mmap`` + ``frombuffer`` rather than ``numpy.memmap``, which resolves the path and builds a
+    subclass whose indexing runs Python code: a cache that maps tens of thousands of files in turn
+    pays that on every one.
+    """
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(shape, dtype=dtype)
+    mapping = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
 class ChunkedArray:
@@ -231,27 +247,40 @@ class ChunkedArray:
         return lo * self.chunk_rows + int(np.searchsorted(block, value, side="left"))
 
 
-class MappedChunks(ChunkedArray):
-    """Uncompressed zarr chunk files, each mapped with numpy.memmap on first use (LRU-bounded)."""
+class _MappedFiles(ChunkedArray):
+    """An array whose files hold raw rows, each checked and mapped on first use (LRU-bounded).
+
+    A "chunk" of :class:`ChunkedArray` is one file here. Subclasses say how many rows a file's
+    block has, how a file is checked (:meth:`_check`, which raises :class:`CacheFormatError`)
+    and how it is mapped.
+    """
 
     def __init__(
         self,
         name: str,
         shape: tuple[int, ...],
         dtype: np.dtype,
-        chunk_rows: int,
+        file_rows: int,
         directory: Path,
         key: Callable[[int, int], str],
         fill_value: Any,
     ):
-        super().__init__(name, shape, dtype, chunk_rows)
+        super().__init__(name, shape, dtype, file_rows)
         self._directory = directory
         self._key = key
         self._fill = fill_value
-        self._chunk_shape = (self.chunk_rows, *self.shape[1:])
-        self._chunk_bytes = int(np.prod(self._chunk_shape)) * self.dtype.itemsize
+        self._row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_maps = _max_open_maps()
+
+    def _block_rows(self, c: int) -> int:
+        raise NotImplementedError
+
+    def _check(self, c: int, path: Path, fd: int) -> Any:
+        raise NotImplementedError
+
+    def _map(self, c: int, path: Path, fd: int, checked: Any) -> np.ndarray:
+        return _map_block(fd, (self._block_rows(c), *self.shape[1:]), self.dtype)
 
     def _load_chunk(self, c: int) -> np.ndarray:
         block = self._maps.get(c)
@@ -259,38 +288,34 @@ class MappedChunks(ChunkedArray):
             self._maps.move_to_end(c)
             return block
         if not 0 <= c < self.n_chunks:
-            raise IndexError(f"chunk {c} out of range for array {self.name!r}")
+            raise IndexError(f"file {c} out of range for array {self.name!r}")
         path = self._directory / self._key(c, self.ndim)
         try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), self._chunk_shape)
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # an absent file reads as the fill value, as zarr specifies
+            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (self._block_rows(c), *self.shape[1:]))
         else:
-            if size != self._chunk_bytes:
-                raise CacheFormatError(
-                    f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
-                    f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
-                )
-            # A plain ndarray view of the map: indexing np.memmap itself runs Python code per call.
-            block = np.memmap(path, dtype=self.dtype, mode="r", shape=self._chunk_shape).view(np.ndarray)
+            try:
+                block = self._map(c, path, fd, self._check(c, path, fd))
+            finally:
+                os.close(fd)
         self._maps[c] = block
         if len(self._maps) > self._max_maps:
             self._maps.popitem(last=False)
         return block
 
     def check_files(self) -> None:
-        """Check the sizes of the first and last chunk files (two ``stat`` calls; the rest on first use)."""
+        """Check the first and the last file (a ``stat`` and, for shards, a small read each; the rest on first use)."""
         for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
             path = self._directory / self._key(c, self.ndim)
             try:
-                size = os.path.getsize(path)
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 continue  # reads as the fill value, as zarr specifies
-            if size != self._chunk_bytes:
-                raise CacheFormatError(
-                    f"{path}: chunk of array {self.name!r} has {size} bytes, expected {self._chunk_bytes} "
-                    f"(an uncompressed chunk of shape {self._chunk_shape} {self.dtype}); the cache is corrupt"
-                )
+            try:
+                self._check(c, path, fd)
+            finally:
+                os.close(fd)
 
     def contiguous(self) -> np.ndarray | None:
         if self.n_chunks == 1:
@@ -300,7 +325,22 @@ class MappedChunks(ChunkedArray):
         return None
 
 
-class MappedShards(ChunkedArray):
+class MappedChunks(_MappedFiles):
+    """Uncompressed, unsharded zarr arrays: each chunk file is ``chunk_rows`` raw rows (edge chunks padded)."""
+
+    def _block_rows(self, c: int) -> int:
+        return self.chunk_rows
+
+    def _check(self, c: int, path: Path, fd: int) -> None:
+        size, expected = os.fstat(fd).st_size, self.chunk_rows * self._row_bytes
+        if size != expected:
+            raise CacheFormatError(
+                f"{path}: chunk of array {self.name!r} has {size} bytes, expected {expected} (an uncompressed "
+                f"chunk of shape {(self.chunk_rows, *self.shape[1:])} {self.dtype}); the cache is corrupt"
+            )
+
+
+class MappedShards(_MappedFiles):
     """Uncompressed sharded zarr arrays: each shard file is inner chunks in row order, then its index.
 
     elmo-cache writes shards whose inner chunks lie back to back from byte 0 (the layout zarr itself
@@ -322,39 +362,44 @@ class MappedShards(ChunkedArray):
         fill_value: Any,
         index_crc: bool,
     ):
-        super().__init__(name, shape, dtype, shard_rows)
+        super().__init__(name, shape, dtype, shard_rows, directory, key, fill_value)
         self.inner_rows = int(inner_rows)
-        self._directory = directory
-        self._key = key
-        self._fill = fill_value
-        self._inner_bytes = self.inner_rows * int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._inner_bytes = self.inner_rows * self._row_bytes
         self._per_shard = self.chunk_rows // self.inner_rows
         self._index_bytes = 16 * self._per_shard + (4 if index_crc else 0)
         self._index_crc = index_crc
-        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._max_maps = _max_open_maps()
+        self._layouts: dict[int, bytes] = {}
+
+    def _block_rows(self, c: int) -> int:
+        return self._present(c) * self.inner_rows
 
     def _present(self, c: int) -> int:
         rows = min(self.chunk_rows, self.shape[0] - c * self.chunk_rows)
         return -(-rows // self.inner_rows)
 
-    def _read_index(self, c: int, path: Path) -> np.ndarray | None:
-        """The shard's (offset, size) pairs, after checking its size and CRC-32C; None if the file is absent."""
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            return None
-        if size < self._index_bytes:
-            raise CacheFormatError(
-                f"{path}: shard {c} of array {self.name!r} has {size} bytes, too short "
-                "for its index; the cache is corrupt"
-            )
-        with open(path, "rb") as f:
-            f.seek(size - self._index_bytes)
-            raw = f.read(self._index_bytes)
-        body = raw[: 16 * self._per_shard]
+    def _layout_index(self, present: int) -> bytes:
+        """The index body of a shard with ``present`` chunks back to back from byte 0 (the layout written here)."""
+        body = self._layouts.get(present)
+        if body is None:
+            index = np.full((self._per_shard, 2), _ABSENT, dtype="<u8")
+            index[:present, 0] = np.arange(present, dtype=np.uint64) * np.uint64(self._inner_bytes)
+            index[:present, 1] = self._inner_bytes
+            body = self._layouts[present] = index.tobytes()
+        return body
+
+    def _check(self, c: int, path: Path, fd: int) -> np.ndarray | None:
+        """Check shard ``c``'s size and index; None when its chunks lie back to back (it can be
+        mapped whole), else its (offset, size) pairs."""
+        size = os.fstat(fd).st_size
         present = self._present(c)
         expected = present * self._inner_bytes + self._index_bytes
+        if size < self._index_bytes:
+            raise CacheFormatError(
+                f"{path}: shard {c} of array {self.name!r} has {size} bytes (expected {expected}), too short "
+                "for its index; the cache is corrupt"
+            )
+        raw = os.pread(fd, self._index_bytes, size - self._index_bytes)
+        body = raw[: 16 * self._per_shard]
         if self._index_crc:
             import google_crc32c
 
@@ -363,82 +408,40 @@ class MappedShards(ChunkedArray):
                     f"{path}: shard {c} of array {self.name!r} has {size} bytes (expected {expected}) and its "
                     "index fails its CRC-32C: truncated or damaged; the cache is corrupt"
                 )
+        if body == self._layout_index(present):
+            if size != expected:
+                raise CacheFormatError(
+                    f"{path}: shard {c} of array {self.name!r} has {size} bytes, expected {expected} "
+                    f"({present} uncompressed chunks of {self.inner_rows} rows and the index); the cache is corrupt"
+                )
+            return None
         index = np.frombuffer(body, dtype="<u8").reshape(self._per_shard, 2)
-        if self._contiguous(index, present) and size != expected:
-            raise CacheFormatError(
-                f"{path}: shard {c} of array {self.name!r} has {size} bytes, expected {expected} "
-                f"({present} uncompressed chunks of {self.inner_rows} rows and the index); the cache is corrupt"
-            )
-        ends = index[:, 0] + index[:, 1]
         used = index[:, 0] != _ABSENT
-        if used.any() and int(ends[used].max()) > size - self._index_bytes:
+        if used.any() and int((index[used, 0] + index[used, 1]).max()) > size - self._index_bytes:
             raise CacheFormatError(
                 f"{path}: the index of shard {c} of array {self.name!r} points past the end "
                 "of the file; the cache is corrupt"
             )
         return index
 
-    def _contiguous(self, index: np.ndarray, present: int) -> bool:
-        want = np.arange(present, dtype=np.uint64) * np.uint64(self._inner_bytes)
-        return bool(
-            (index[:present, 0] == want).all()
-            and (index[:present, 1] == self._inner_bytes).all()
-            and (index[present:] == _ABSENT).all()
-        )
+    def _map(self, c: int, path: Path, fd: int, checked: np.ndarray | None) -> np.ndarray:
+        return super()._map(c, path, fd, None) if checked is None else self._gather(path, fd, checked, self._present(c))
 
-    def _load_chunk(self, c: int) -> np.ndarray:
-        block = self._maps.get(c)
-        if block is not None:
-            self._maps.move_to_end(c)
-            return block
-        if not 0 <= c < self.n_chunks:
-            raise IndexError(f"shard {c} out of range for array {self.name!r}")
-        path = self._directory / self._key(c, self.ndim)
-        index = self._read_index(c, path)
-        row_shape = self.shape[1:]
-        present = self._present(c)
-        if index is None:  # an absent shard reads as the fill value, as zarr specifies
-            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (present * self.inner_rows, *row_shape))
-        elif self._contiguous(index, present):
-            shape = (present * self.inner_rows, *row_shape)
-            # A plain ndarray view of the map: indexing np.memmap itself runs Python code per call.
-            block = np.memmap(path, dtype=self.dtype, mode="r", shape=shape).view(np.ndarray)
-        else:
-            block = self._gather(path, index, present)
-        self._maps[c] = block
-        if len(self._maps) > self._max_maps:
-            self._maps.popitem(last=False)
-        return block
-
-    def _gather(self, path: Path, index: np.ndarray, present: int) -> np.ndarray:
+    def _gather(self, path: Path, fd: int, index: np.ndarray, present: int) -> np.ndarray:
         """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
         block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill, dtype=self.dtype)
-        with open(path, "rb") as f:
-            for j, (offset, size) in enumerate(index[:present].tolist()):
-                if offset == _ABSENT:
-                    continue
-                if size != self._inner_bytes:
-                    raise CacheFormatError(
-                        f"{path}: inner chunk {j} of array {self.name!r} has {size} bytes, "
-                        f"expected {self._inner_bytes} (uncompressed); the cache is corrupt"
-                    )
-                f.seek(offset)
-                chunk = np.frombuffer(f.read(size), dtype=self.dtype)
-                block[j * self.inner_rows : (j + 1) * self.inner_rows] = chunk.reshape(self.inner_rows, *self.shape[1:])
+        for j, (offset, size) in enumerate(index[:present].tolist()):
+            if offset == _ABSENT:
+                continue
+            if size != self._inner_bytes:
+                raise CacheFormatError(
+                    f"{path}: inner chunk {j} of array {self.name!r} has {size} bytes, "
+                    f"expected {self._inner_bytes} (uncompressed); the cache is corrupt"
+                )
+            chunk = np.frombuffer(os.pread(fd, size, offset), dtype=self.dtype)
+            block[j * self.inner_rows : (j + 1) * self.inner_rows] = chunk.reshape(self.inner_rows, *self.shape[1:])
         block.setflags(write=False)
         return block
-
-    def check_files(self) -> None:
-        """Check the first and last shard files' sizes and indexes (two small reads; the rest on first use)."""
-        for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
-            self._read_index(c, self._directory / self._key(c, self.ndim))
-
-    def contiguous(self) -> np.ndarray | None:
-        if self.n_chunks == 1:
-            return self._load_chunk(0)[: self.shape[0]]
-        if self.n_chunks == 0:
-            return self._empty()
-        return None
 
 
 class DecodedChunks(ChunkedArray):
