@@ -134,7 +134,9 @@ def _file_range(k: int, file_rows: int, n_rows: int) -> tuple[int, int]:
 
 
 def _write_atomic(path: Path, data: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # A per-process temporary name: a part still running in an actor of a killed driver must not
+    # write into the same temporary file as its redo.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(np.ascontiguousarray(data).tobytes())
         f.flush()
