@@ -72,6 +72,23 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
 @click.option(
     "--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over."
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: one process. ray: workers on a Ray cluster (pip install 'elmo-cache[ray]'; zarr only; "
+    "see docs/DISTRIBUTED.md).",
+)
+@click.option(
+    "--address", default=None, help="--engine ray: the Ray cluster ('auto', host:port). Default: a local one."
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="--engine ray: encoder actors. Default: one per GPU on CUDA, else one per 4 CPUs of the cluster.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
     "--commit-seconds", type=float, default=10.0, hidden=True, help="Seconds between commits (0: every window)."
@@ -99,6 +116,9 @@ def build_command(
     window_batches,
     errors,
     overwrite,
+    engine,
+    address,
+    workers,
     no_progress,
     commit_seconds,
 ):
@@ -134,7 +154,7 @@ def build_command(
     source = Corpus(corpus, errors=errors)
     click.echo(f"building {resolve_output(source, options)}", err=True)  # said before the model loads
     try:
-        summary = build(source, options)
+        summary = build(source, options, engine=engine, address=address, workers=workers)
     except KeyboardInterrupt:
         click.echo("interrupted; run the same command again to resume", err=True)
         sys.exit(130)

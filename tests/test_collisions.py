@@ -114,7 +114,7 @@ def test_dedupe_never_shares_rows_between_colliding_sentences(tmp_path, tiny_enc
 def test_verify_finds_rows_shared_by_different_sentences(tmp_path, tiny_encoder, collide, monkeypatch):
     # A build that deduplicates by the index hash alone (as before the check hash) shares rows.
     monkeypatch.setattr(
-        "elmo_cache.builder.pipeline.check_hashes", lambda token_lists: np.zeros(len(token_lists), np.uint64)
+        "elmo_cache.builder.encoding.check_hashes", lambda token_lists: np.zeros(len(token_lists), np.uint64)
     )
     with make(tmp_path, tiny_encoder, "d.h5", dedupe=True) as cache:
         assert np.asarray(cache._offsets)[3] == np.asarray(cache._offsets)[1]

@@ -4,7 +4,10 @@
 * :mod:`~elmo_cache.builder.plan`: validating options, naming the output, the build's identity
   and what to do about a cache or an interrupted build already at the output;
 * :mod:`~elmo_cache.builder.dedupe`: which sentences are repeats and where their rows are;
-* :mod:`~elmo_cache.builder.pipeline`: the reader, encoder and writer threads, and :func:`build`.
+* :mod:`~elmo_cache.builder.encoding`: the window cuts and window encoding both engines share;
+* :mod:`~elmo_cache.builder.pipeline`: the reader, encoder and writer threads, and :func:`build`;
+* :mod:`~elmo_cache.builder.firstpass` and :mod:`~elmo_cache.builder.distributed`: the same build
+  on a Ray cluster (``build(..., engine="ray")``; imports ray only when used).
 
 (The package is ``builder`` because ``elmo_cache.build`` is the public function.)
 """

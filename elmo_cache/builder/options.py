@@ -9,7 +9,10 @@ from pathlib import Path
 
 from elmo_cache.selection import MixSpec
 
-__all__ = ["BuildOptions", "BuildSummary", "disk_bytes"]
+__all__ = ["ENGINES", "BuildOptions", "BuildSummary", "disk_bytes"]
+
+ENGINES = ("local", "ray")
+"""Valid ``engine`` values of :func:`elmo_cache.build`: one process, or workers on a Ray cluster."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ class BuildSummary:
     resumed_from: int = 0
     # True when the cache was already complete and nothing was done.
     already_complete: bool = False
+    # "local" or "ray"; for ray: the workers that ran parts (host:pid), the parts, and those run now.
+    engine: str = "local"
+    workers: tuple[str, ...] = ()
+    parts: int = 0
+    parts_run: int = 0
 
     def __str__(self) -> str:
         if self.already_complete:
@@ -87,10 +95,15 @@ class BuildSummary:
                 "nothing to do (pass --overwrite to rebuild it)"
             )
         resumed = f", resumed after line {self.resumed_from:,}" if self.resumed_from else ""
+        engine = ""
+        if self.engine != "local":
+            redone = f"{self.parts_run} of {self.parts} parts" if self.parts_run < self.parts else f"{self.parts} parts"
+            names = ", ".join(self.workers) if self.workers else "none: every part was already done"
+            engine = f"; {self.engine}: {redone} on {len(self.workers)} workers ({names})"
         return (
             f"wrote {self.path} ({self.format}): {self.n_sentences:,} sentences, {self.n_tokens:,} tokens, "
             f"{self.n_rows:,} rows, {self.n_unique:,} distinct sentences, {_human_bytes(self.bytes)} "
-            f"in {self.seconds:.1f} s ({self.tokens_per_s:,.0f} tokens/s{resumed})"
+            f"in {self.seconds:.1f} s ({self.tokens_per_s:,.0f} tokens/s{resumed}{engine})"
         )
 
 

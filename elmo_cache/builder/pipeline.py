@@ -29,8 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
-from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
+from elmo_cache.builder.dedupe import SeenSentences
+from elmo_cache.builder.encoding import (
+    Window,
+    WindowCutter,
+    WindowEncoder,
+    assign_window,
+    default_batch_tokens,
+    load_encoder,
+)
+from elmo_cache.builder.options import ENGINES, BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, options_json, prepare_output
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import Layout, Progress, Writer, writer_class
@@ -38,32 +46,6 @@ from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
 __all__ = ["build"]
-
-_BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
-# A window never holds more sentences than this, so a file of empty lines still commits.
-_WINDOW_MAX_SENTENCES = 1 << 16
-
-
-def _load_encoder(options: BuildOptions) -> Any:
-    from elmo_cache.encoder import load_encoder
-    from elmo_cache.model.hub import BUNDLED
-
-    return load_encoder(
-        options.model or BUNDLED,
-        options.options_file,
-        options.weight_file,
-        device=options.device,
-        precision=options.precision,
-        initial_state=options.initial_state,
-    )
-
-
-@dataclass
-class _Window:
-    first_line: int
-    tokens: list[list[str]]
-    hashes: np.ndarray  # uint64
-    lengths: np.ndarray  # int32
 
 
 @dataclass
@@ -105,11 +87,8 @@ def _read_windows(
     stop: threading.Event,
 ) -> None:
     """Reader thread: put windows (then None at the end, or the exception that stopped it)."""
-    tokens: list[list[str]] = []
-    hashes: list[int] = []
-    first = start
+    cutter = WindowCutter(start, window_tokens)
     try:
-        cost = 0
         check: list[int] = []
         read = 0
         for number, sentence in source.sentences():
@@ -122,36 +101,29 @@ def _read_windows(
                     _check_prefix(source, committed, read - len(check), check)
                     check = []
                 continue
-            tokens.append(sentence)
-            hashes.append(h)
-            cost += len(sentence) + 2
-            if cost >= window_tokens or len(tokens) >= _WINDOW_MAX_SENTENCES:
-                _put(output, _make_window(first, tokens, hashes), stop)
-                first += len(tokens)
-                tokens, hashes, cost = [], [], 0
+            window = cutter.add(sentence, h)
+            if window is not None:
+                _put(output, window, stop)
         if read < start:
             raise CacheExistsError(
                 f"{source.name} has {read} lines but the interrupted build already stored {start}; the corpus changed "
                 "since. Pass --overwrite to start over"
             )
-        if tokens:
-            _put(output, _make_window(first, tokens, hashes), stop)
-            tokens = []
+        window = cutter.flush()
+        if window is not None:
+            _put(output, window, stop)
         _put(output, None, stop)
     except _Stop:
         return
     except BaseException as exc:
         try:
-            if tokens:
-                # Lines before a bad one are kept: nothing readable is lost.
-                _put(output, _make_window(first, tokens, hashes), stop)
+            # Lines before a bad one are kept: nothing readable is lost.
+            window = cutter.flush()
+            if window is not None:
+                _put(output, window, stop)
             _put(output, exc, stop)
         except _Stop:
             return
-
-
-def _make_window(first: int, tokens: list[list[str]], hashes: list[int]) -> _Window:
-    return _Window(first, tokens, np.array(hashes, dtype=np.uint64), np.array([len(t) for t in tokens], dtype=np.int32))
 
 
 def _check_prefix(source: Corpus, committed: np.ndarray | None, first: int, hashes: list[int]) -> None:
@@ -211,58 +183,10 @@ class _WriterThread(threading.Thread):
                     break
 
 
-class _Encoding:
-    """Turns windows into rows in input order, in the stored layout and dtype."""
-
-    def __init__(self, encoder: Any, plan: Plan, batch_tokens: int, seen: SeenSentences | None):
-        self.encoder = encoder
-        self.selection = plan.selection
-        self.batch_tokens = batch_tokens
-        self.seen = seen
-        self.torch_dtype = torch.float16 if plan.dtype == "float16" else torch.float32
-        self.np_dtype = np.dtype(plan.dtype)
-        self.row_shape = plan.row_shape(encoder.output_dim)
-
-    def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of the batch's sentences, concatenated in batch order, and where each starts."""
-        flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
-        out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
-        if self.selection.layers is not None:
-            out = out.transpose(0, 1)  # token-major: (tokens, L, D)
-        # Cast on the device, so only the stored bytes cross to the host.
-        rows = out.to(self.torch_dtype, memory_format=torch.contiguous_format).cpu().numpy()
-        starts = offsets[:-1]
-        return rows, starts
-
-    def _forget_words(self) -> None:
-        # The encoder caches char-CNN vectors per word, and a word's vector carries the last-bit
-        # rounding of the batch it was first computed in. Starting every window with an empty
-        # cache makes each window's vectors a function of the window alone, so a resumed build
-        # is bit-identical to an uninterrupted one (costs ~4% of an Original-size encode).
-        self.encoder.clear_word_cache()
-
-    def __call__(self, window: _Window, rows_before: int) -> _Encoded:
-        self._forget_words()
-        lengths = window.lengths
-        checks = check_hashes(window.tokens) if self.seen is not None else None
-        offsets, new = assign_rows(window.hashes, lengths, rows_before, self.seen, checks)
-        vectors = np.empty((int(lengths[new].sum(dtype=np.int64)), *self.row_shape), dtype=self.np_dtype)
-        todo = sorted((i for i in range(len(lengths)) if new[i] and lengths[i]), key=lambda i: lengths[i])
-        encoded = 0
-        start = 0
-        while start < len(todo):
-            stop, cost = start, 0
-            while stop < len(todo) and (stop == start or cost + lengths[todo[stop]] + 2 <= self.batch_tokens):
-                cost += int(lengths[todo[stop]]) + 2
-                stop += 1
-            batch = todo[start:stop]
-            out, starts = self._encode([window.tokens[i] for i in batch])
-            for k, i in enumerate(batch):
-                begin, length = int(offsets[i]) - rows_before, int(lengths[i])
-                vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
-                encoded += length
-            start = stop
-        return _Encoded(vectors, offsets, lengths, window.hashes, encoded, window.tokens)
+def _encode_window(encode: WindowEncoder, seen: SeenSentences | None, window: Window, rows_before: int) -> _Encoded:
+    offsets, new = assign_window(window, rows_before, seen)
+    vectors, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before)
+    return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens)
 
 
 def _now() -> str:
@@ -270,7 +194,13 @@ def _now() -> str:
 
 
 def build(
-    corpus: str | os.PathLike[str] | Corpus, options: BuildOptions | None = None, encoder: Any = None
+    corpus: str | os.PathLike[str] | Corpus,
+    options: BuildOptions | None = None,
+    encoder: Any = None,
+    *,
+    engine: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
 ) -> BuildSummary:
     """Encode every line of ``corpus`` and write the cache; returns a :class:`BuildSummary`.
 
@@ -282,12 +212,28 @@ def build(
     interrupted build made with other options (unless ``overwrite``),
     :class:`~elmo_cache.errors.CorpusError` for unreadable input (lines before the bad one are
     committed first), :class:`~elmo_cache.errors.InvalidParameterError` for bad options.
+
+    ``engine="ray"`` builds the same cache on a Ray cluster (``pip install "elmo-cache[ray]"``; zarr
+    only): ``address`` names the cluster (None: a local one), ``workers`` the encoder actors; see
+    :func:`elmo_cache.builder.distributed.build_distributed` and docs/DISTRIBUTED.md.
     """
     options = options or BuildOptions()
+    if engine not in ENGINES:
+        raise InvalidParameterError(f"engine: {engine!r} is not valid; choose from {list(ENGINES)}")
+    if engine == "ray":
+        if encoder is not None:
+            raise InvalidParameterError(
+                "encoder: the ray engine loads the model in every worker; name it in the options instead"
+            )
+        from elmo_cache.builder.distributed import build_distributed
+
+        return build_distributed(corpus, options, address=address, workers=workers)
+    if address is not None or workers is not None:
+        raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
     source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
     plan = make_plan(source, options)
     if encoder is None:
-        encoder = _load_encoder(options)
+        encoder = load_encoder(options)
     elif getattr(encoder, "initial_state", "zero") == "carry":
         raise InvalidParameterError(
             "encoder: initial_state 'carry' makes vectors depend on batch order; use 'zero' or 'warm'"
@@ -364,8 +310,7 @@ def build(
 def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer: Writer, run_start: float) -> None:
     """Encode from the last committed line to the end of the corpus, committing as it goes."""
     progress = writer.progress
-    device_type = getattr(getattr(encoder, "device", None), "type", "cpu")
-    batch_tokens = options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
+    batch_tokens = default_batch_tokens(options, getattr(getattr(encoder, "device", None), "type", "cpu"))
     committed = writer.hashes.read(progress.lines) if progress.lines else None
     seen = None
     if options.dedupe:
@@ -375,7 +320,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
             np.asarray(writer.lengths.read(progress.lines)),
             writer.committed_key,
         )
-    encode = _Encoding(encoder, plan, batch_tokens, seen)
+    encode = WindowEncoder(encoder, plan, batch_tokens)
 
     bar = None
     if options.progress:
@@ -416,7 +361,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
                     failure = item
                     break
                 try:
-                    encoded = encode(item, rows)
+                    encoded = _encode_window(encode, seen, item, rows)
                 except torch.cuda.OutOfMemoryError:
                     raise ElmoCacheError(
                         f"the device ran out of memory encoding lines {item.first_line + 1}-"

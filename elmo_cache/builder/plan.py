@@ -27,6 +27,8 @@ from elmo_cache.text.corpus import Corpus
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_ROWS",
+    "DISTRIBUTED_PLAN_DIR",
+    "DISTRIBUTED_PLAN_FILE",
     "IDENTITY_KEYS",
     "Plan",
     "default_chunk_rows",
@@ -40,6 +42,13 @@ __all__ = [
     "options_json",
     "prepare_output",
 ]
+
+DISTRIBUTED_PLAN_DIR = "plan"
+"""Folder of the staging's build folder holding a distributed build's plan (elmo_cache.builder.firstpass)."""
+
+DISTRIBUTED_PLAN_FILE = "plan.json"
+"""Written last into :data:`DISTRIBUTED_PLAN_DIR`: the plan is finished when it exists."""
+
 
 DEFAULT_CHUNK_BYTES = 3 * 2**20
 """Largest zarr ``vectors`` chunk the default allows (see :func:`default_chunk_rows`)."""
@@ -310,6 +319,11 @@ def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool) -> tup
             )
         remove_output(output)
     if staging.exists():
+        if not overwrite and (staging / BUILD_DIR / DISTRIBUTED_PLAN_DIR / DISTRIBUTED_PLAN_FILE).is_file():
+            raise CacheExistsError(
+                f"{staging} holds an interrupted build of the ray engine; rerun it with --engine ray to resume it, "
+                "or pass --overwrite to discard it"
+            )
         progress = None if overwrite else load_progress(output)
         if progress is not None:
             if _comparable(progress.identity) != _comparable(identity):

@@ -1,0 +1,154 @@
+"""What both build engines share so that they write the same bytes: the window cuts and the window encoding.
+
+A *window* is a run of consecutive sentences of about ``window_batches * batch_tokens`` tokens
+(:class:`WindowCutter`); it is a function of the corpus and those two options alone. Each window is
+encoded on its own (:class:`WindowEncoder`): its sentences sorted by length, batched by
+``batch_tokens``, with an empty word cache. So the vectors of a window do not depend on which
+process encodes it, nor on what was encoded before: the local pipeline and the distributed build
+(:mod:`elmo_cache.builder.distributed`) give byte-identical caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
+from elmo_cache.builder.options import BuildOptions
+from elmo_cache.builder.plan import Plan
+
+__all__ = [
+    "Window",
+    "WindowCutter",
+    "WindowEncoder",
+    "assign_window",
+    "default_batch_tokens",
+    "load_encoder",
+    "WINDOW_MAX_SENTENCES",
+]
+
+_BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
+# A window never holds more sentences than this, so a file of empty lines still commits.
+WINDOW_MAX_SENTENCES = 1 << 16
+
+
+def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
+    """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type."""
+    return options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
+
+
+def load_encoder(options: BuildOptions, **overrides: Any) -> Any:
+    """The encoder ``options`` name (``overrides`` replace keyword arguments of ``Encoder.from_files``)."""
+    from elmo_cache.encoder import load_encoder as load
+    from elmo_cache.model.hub import BUNDLED
+
+    kwargs: dict[str, Any] = {
+        "device": options.device,
+        "precision": options.precision,
+        "initial_state": options.initial_state,
+        **overrides,
+    }
+    return load(options.model or BUNDLED, options.options_file, options.weight_file, **kwargs)
+
+
+@dataclass
+class Window:
+    first_line: int
+    tokens: list[list[str]]
+    hashes: np.ndarray  # uint64
+    lengths: np.ndarray  # int32
+
+
+class WindowCutter:
+    """Cuts consecutive sentences into windows: :meth:`add` returns a window once it is full."""
+
+    def __init__(self, first_line: int, window_tokens: int):
+        self.first = first_line
+        self.window_tokens = window_tokens
+        self.tokens: list[list[str]] = []
+        self.hashes: list[int] = []
+        self.cost = 0
+
+    def add(self, sentence: list[str], sentence_hash: int) -> Window | None:
+        self.tokens.append(sentence)
+        self.hashes.append(sentence_hash)
+        self.cost += len(sentence) + 2
+        if self.cost >= self.window_tokens or len(self.tokens) >= WINDOW_MAX_SENTENCES:
+            return self.flush()
+        return None
+
+    def flush(self) -> Window | None:
+        """The sentences added since the last window, as a window (None when there are none)."""
+        if not self.tokens:
+            return None
+        tokens, hashes = self.tokens, self.hashes
+        window = Window(
+            self.first,
+            tokens,
+            np.array(hashes, dtype=np.uint64),
+            np.array([len(t) for t in tokens], dtype=np.int32),
+        )
+        self.first += len(tokens)
+        self.tokens, self.hashes, self.cost = [], [], 0
+        return window
+
+
+def assign_window(window: Window, rows_before: int, seen: SeenSentences | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, new)`` of the window's sentences from row ``rows_before`` on; with ``seen`` (dedupe),
+    repeats point at their first occurrence's rows and ``new`` is false for them."""
+    checks = check_hashes(window.tokens) if seen is not None else None
+    return assign_rows(window.hashes, window.lengths, rows_before, seen, checks)
+
+
+class WindowEncoder:
+    """Turns windows into rows in input order, in the stored layout and dtype."""
+
+    def __init__(self, encoder: Any, plan: Plan, batch_tokens: int):
+        self.encoder = encoder
+        self.selection = plan.selection
+        self.batch_tokens = batch_tokens
+        self.torch_dtype = torch.float16 if plan.dtype == "float16" else torch.float32
+        self.np_dtype = np.dtype(plan.dtype)
+        self.row_shape = plan.row_shape(encoder.output_dim)
+
+    def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the batch's sentences, concatenated in batch order, and where each starts."""
+        flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
+        out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
+        if self.selection.layers is not None:
+            out = out.transpose(0, 1)  # token-major: (tokens, L, D)
+        # Cast on the device, so only the stored bytes cross to the host.
+        rows = out.to(self.torch_dtype, memory_format=torch.contiguous_format).cpu().numpy()
+        starts = offsets[:-1]
+        return rows, starts
+
+    def encode(
+        self, tokens: list[list[str]], lengths: np.ndarray, offsets: np.ndarray, new: np.ndarray, rows_before: int
+    ) -> tuple[np.ndarray, int]:
+        """The rows of one window's ``new`` sentences from row ``rows_before`` on, and the tokens encoded."""
+        # The encoder caches char-CNN vectors per word, and a word's vector carries the last-bit
+        # rounding of the batch it was first computed in. Starting every window with an empty
+        # cache makes each window's vectors a function of the window alone, so a resumed build
+        # is bit-identical to an uninterrupted one, and so is a distributed build (costs ~4% of
+        # an Original-size encode).
+        self.encoder.clear_word_cache()
+        vectors = np.empty((int(lengths[new].sum(dtype=np.int64)), *self.row_shape), dtype=self.np_dtype)
+        todo = sorted((i for i in range(len(lengths)) if new[i] and lengths[i]), key=lambda i: lengths[i])
+        encoded = 0
+        start = 0
+        while start < len(todo):
+            stop, cost = start, 0
+            while stop < len(todo) and (stop == start or cost + lengths[todo[stop]] + 2 <= self.batch_tokens):
+                cost += int(lengths[todo[stop]]) + 2
+                stop += 1
+            batch = todo[start:stop]
+            out, starts = self._encode([tokens[i] for i in batch])
+            for k, i in enumerate(batch):
+                begin, length = int(offsets[i]) - rows_before, int(lengths[i])
+                vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
+                encoded += length
+            start = stop
+        return vectors, encoded

@@ -1,0 +1,200 @@
+"""The distributed build's first pass: every line tokenised, hashed and placed, without a model.
+
+It fixes everything but the vectors: each sentence's offset and length, the dedupe decisions
+(``new``: the sentences whose rows are encoded), the stored tokens, and the windows (the same cuts
+as the local build, :class:`~elmo_cache.builder.encoding.WindowCutter`), each with its first line,
+line count, first row and row count. The result (the *plan*) is a few raw files under
+``<output>.partial/.build/plan/`` plus ``plan.json``, written last (atomically), so a plan without
+``plan.json`` is unfinished and is redone. Workers read their windows' tokens back from it, so the
+corpus is read once, by the driver. About 30 bytes per sentence plus its text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from elmo_cache.builder.dedupe import SeenSentences
+from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
+from elmo_cache.builder.plan import DISTRIBUTED_PLAN_FILE
+from elmo_cache.errors import CacheFormatError
+from elmo_cache.store._staging import atomic_write_json, encode_tokens, fsync_path
+from elmo_cache.store.format import TEXT_ENCODING
+from elmo_cache.text.corpus import Corpus
+from elmo_cache.text.tokenize import sentence_hash
+
+__all__ = ["FirstPass", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature", "sentence_index"]
+
+PLAN_FILE = DISTRIBUTED_PLAN_FILE
+
+# name -> (dtype, item shape) of the plan's raw files, one item per sentence (windows: per window).
+_COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "offsets": ("int64", ()),
+    "lengths": ("int32", ()),
+    "hashes": ("uint64", ()),
+    "new": ("bool", ()),
+    "text_ends": ("int64", ()),
+    "text": ("uint8", ()),
+    # first line, line count, first row, row count
+    "windows": ("int64", (4,)),
+}
+
+
+def corpus_signature(source: Corpus) -> dict[str, Any]:
+    """What identifies the corpus file cheaply: path, size and modification time."""
+    assert source.path is not None
+    stat = source.path.resolve().stat()
+    return {"path": str(source.path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+@dataclass
+class FirstPass:
+    """The plan of a distributed build (memory-mapped arrays) and its description."""
+
+    directory: Path
+    info: dict[str, Any]
+    offsets: np.ndarray
+    lengths: np.ndarray
+    hashes: np.ndarray
+    new: np.ndarray
+    text_ends: np.ndarray
+    text: np.ndarray
+    windows: np.ndarray
+
+    @property
+    def n_lines(self) -> int:
+        return int(self.info["lines"])
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.info["rows"])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.info["tokens"])
+
+    def window(self, w: int) -> tuple[Window, np.ndarray, np.ndarray, int]:
+        """Window ``w`` with its tokens read back from the stored keys, its offsets, ``new`` and first row."""
+        first, count, first_row, _ = (int(x) for x in self.windows[w])
+        ends = self.text_ends[first : first + count]
+        start = int(self.text_ends[first - 1]) if first else 0
+        base = start
+        raw = self.text[start : int(ends[-1])].tobytes() if count else b""
+        tokens: list[list[str]] = []
+        for end in ends.tolist():
+            key = raw[start - base : end - base].decode(*TEXT_ENCODING)
+            start = end
+            tokens.append(key.split(" ") if key else [])  # tokens never hold whitespace (FORMAT.md)
+        window = Window(
+            first, tokens, np.array(self.hashes[first : first + count]), np.array(self.lengths[first : first + count])
+        )
+        return (
+            window,
+            np.array(self.offsets[first : first + count]),
+            np.array(self.new[first : first + count]),
+            first_row,
+        )
+
+
+def _path(directory: Path, name: str) -> Path:
+    return directory / f"{name}.bin"
+
+
+def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool, info: dict[str, Any]) -> FirstPass:
+    """Read ``source`` once and write its plan into ``directory`` (``info`` is recorded in ``plan.json``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / PLAN_FILE).unlink(missing_ok=True)
+    files: dict[str, BinaryIO] = {name: open(_path(directory, name), "wb") for name in _COLUMNS}  # noqa: SIM115
+    seen = SeenSentences() if dedupe else None
+    rows = tokens = text_bytes = lines = 0
+    n_windows = 0
+
+    def put(window: Window) -> None:
+        nonlocal rows, tokens, text_bytes, lines, n_windows
+        offsets, new = assign_window(window, rows, seen)
+        window_rows = int(window.lengths[new].sum(dtype=np.int64))
+        text, sizes = encode_tokens(window.tokens)
+        parts = {
+            "offsets": offsets,
+            "lengths": window.lengths,
+            "hashes": window.hashes,
+            "new": new,
+            "text_ends": text_bytes + np.cumsum(sizes),
+            "text": text,
+            "windows": np.array([[window.first_line, len(window.tokens), rows, window_rows]]),
+        }
+        for name, data in parts.items():
+            files[name].write(np.ascontiguousarray(data, dtype=_COLUMNS[name][0]).tobytes())
+        rows += window_rows
+        tokens += int(window.lengths.sum(dtype=np.int64))
+        text_bytes += len(text)
+        lines += len(window.tokens)
+        n_windows += 1
+
+    try:
+        cutter = WindowCutter(0, window_tokens)
+        for _, sentence in source.sentences():
+            window = cutter.add(sentence, sentence_hash(sentence))
+            if window is not None:
+                put(window)
+        window = cutter.flush()
+        if window is not None:
+            put(window)
+        for f in files.values():
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in files.values():
+            f.close()
+    fsync_path(directory, directory=True)
+    counts = {"lines": lines, "rows": rows, "tokens": tokens, "text_bytes": text_bytes, "windows": n_windows}
+    atomic_write_json(directory / PLAN_FILE, {**info, **counts})
+    loaded = load_first_pass(directory)
+    assert loaded is not None
+    return loaded
+
+
+def load_first_pass(directory: Path) -> FirstPass | None:
+    """The finished plan in ``directory``, or None when there is none (or it was not finished)."""
+    path = directory / PLAN_FILE
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CacheFormatError(f"{path}: unreadable build plan ({exc}); rerun with --overwrite") from None
+    counts = {name: int(info["lines"]) for name in _COLUMNS}
+    counts["text"] = int(info["text_bytes"])
+    counts["windows"] = int(info["windows"])
+    arrays: dict[str, np.ndarray] = {}
+    for name, (dtype, shape) in _COLUMNS.items():
+        file = _path(directory, name)
+        want = counts[name] * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if not file.is_file() or file.stat().st_size != want:
+            raise CacheFormatError(
+                f"{file}: missing or not {want} bytes; the build plan is damaged, rerun with --overwrite"
+            )
+        arrays[name] = (
+            np.memmap(file, dtype=dtype, mode="r", shape=(counts[name], *shape))
+            if want
+            else np.empty((0, *shape), dtype=dtype)
+        )
+    return FirstPass(directory, info, **arrays)
+
+
+def sentence_index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index/hashes`` and ``index/rows`` of FORMAT.md: the sorted distinct hashes and each one's first line.
+
+    (What ``Writer.index`` computes for the local build.)
+    """
+    hashes = np.asarray(hashes)
+    order = np.argsort(hashes, kind="stable")  # stable: ties keep line order, so first = earliest
+    ordered = hashes[order]
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first], order[first].astype(np.int64)
