@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.builder.encoding import WindowEncoder, default_batch_tokens
-from elmo_cache.builder.firstpass import FirstPass, corpus_signature, first_pass, load_first_pass, sentence_index
+from elmo_cache.builder.firstpass import FirstPass, corpus_signature, first_pass, load_first_pass
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import (
     DISTRIBUTED_PLAN_DIR,
@@ -65,7 +65,7 @@ from elmo_cache.store import (
     vectors_file_rows,
     write_vectors_file,
 )
-from elmo_cache.store._staging import atomic_write_json, fsync_path
+from elmo_cache.store._staging import atomic_write_json, fsync_path, sentence_index
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.text.corpus import Corpus
 

@@ -28,7 +28,7 @@ from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
-__all__ = ["FirstPass", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature", "sentence_index"]
+__all__ = ["FirstPass", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature"]
 
 PLAN_FILE = DISTRIBUTED_PLAN_FILE
 
@@ -185,16 +185,3 @@ def load_first_pass(directory: Path) -> FirstPass | None:
             else np.empty((0, *shape), dtype=dtype)
         )
     return FirstPass(directory, info, **arrays)
-
-
-def sentence_index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``index/hashes`` and ``index/rows`` of FORMAT.md: the sorted distinct hashes and each one's first line.
-
-    (What ``Writer.index`` computes for the local build.)
-    """
-    hashes = np.asarray(hashes)
-    order = np.argsort(hashes, kind="stable")  # stable: ties keep line order, so first = earliest
-    ordered = hashes[order]
-    first = np.ones(len(ordered), dtype=bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    return ordered[first], order[first].astype(np.int64)

@@ -28,6 +28,7 @@ __all__ = [
     "RawColumn",
     "Writer",
     "encode_tokens",
+    "sentence_index",
     "load_progress",
     "atomic_write_json",
     "fsync_path",
@@ -42,6 +43,17 @@ def encode_tokens(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.
     keys = [" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists]
     sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
     return np.frombuffer(b"".join(keys), dtype=np.uint8), sizes
+
+
+def sentence_index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index/hashes`` and ``index/rows`` of FORMAT.md from every line's hash: the sorted distinct
+    hashes and the line of each one's first occurrence (about 24 bytes of memory per line)."""
+    hashes = np.array(hashes)
+    order = np.argsort(hashes, kind="stable")  # stable: ties keep line order, so first = earliest
+    ordered = hashes[order]
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first], order[first].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -281,12 +293,7 @@ class Writer:
         cached = getattr(self, "_index", None)
         if cached is not None and cached[0] == self.progress.lines:
             return cached[1]
-        hashes = np.array(self.hashes.read(self.progress.lines))
-        order = np.argsort(hashes, kind="stable")  # stable: ties keep line order, so first = earliest
-        ordered = hashes[order]
-        first = np.ones(len(ordered), dtype=bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        result = ordered[first], order[first].astype(np.int64)
+        result = sentence_index(self.hashes.read(self.progress.lines))
         self._index = (self.progress.lines, result)
         return result
 

@@ -42,6 +42,7 @@ import mmap
 import os
 import resource
 import shutil
+import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -738,14 +739,20 @@ def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows:
         raise ValueError(
             f"vectors file {k} holds {want} rows of shape {layout.row_shape}, got an array of shape {rows.shape}"
         )
-    tmp = staging / BUILD_DIR / f"vectors-{k}.tmp"
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as handle:
-        crc = _write_file_body(handle, layout, n_rows, k, rows)
-        handle.flush()
-        os.fsync(handle.fileno())
-        size = handle.tell()
-    _publish(tmp, vectors_file_path(staging, layout, k))
+    (staging / BUILD_DIR).mkdir(parents=True, exist_ok=True)
+    # A name of its own: two writers of the same file (a part redone while a stale worker still
+    # runs) must never write into one temporary file; the last rename wins, whole either way.
+    fd, name = tempfile.mkstemp(prefix=f"vectors-{k}.", suffix=".tmp", dir=staging / BUILD_DIR)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            crc = _write_file_body(handle, layout, n_rows, k, rows)
+            handle.flush()
+            os.fsync(handle.fileno())
+            size = handle.tell()
+        _publish(Path(name), vectors_file_path(staging, layout, k))
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
     return size, crc
 
 
