@@ -15,8 +15,9 @@ the concatenation of two slices (one copy). A file that does not exist reads as 
 value, as zarr specifies. A shard's index is checked (size, CRC-32C, layout) when the shard is
 first mapped.
 
-Open mappings are kept in a small LRU because every ``mmap`` holds a file descriptor;
-re-mapping an evicted file costs an ``open`` + ``mmap`` (microseconds). Opening touches only the
+Mappings are kept in an LRU (each holds a file descriptor before Python 3.13, and every one
+counts against the kernel's mappings per process; see :func:`_max_open_maps`); re-mapping an
+evicted file costs an ``open``, a small read and an ``mmap`` (tens of microseconds). Opening touches only the
 ``zarr.json`` files and the first and last file of each array, so it is independent of the
 cache size, and ``zarr`` itself is not even imported (the writer imports it).
 
@@ -42,6 +43,7 @@ import mmap
 import os
 import resource
 import shutil
+import sys
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
@@ -127,12 +129,24 @@ def read_metadata(path: Path) -> dict[str, Any] | None:
 _DECODED_CACHE_BYTES = 256 * 2**20
 
 
+# Python 3.13 can map a file without keeping a duplicate of its descriptor; before, every mapping
+# holds one open file.
+_MAP_OPTIONS: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
 def _max_open_maps() -> int:
-    # Leave most descriptors to the user's program (DataLoader workers, sockets...).
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1024
-    return max(8, min(1024, soft // 8))
+    """Files one array keeps mapped: an eighth of the kernel's per-process ``vm.max_map_count``
+    and, where every mapping holds a file descriptor (Python < 3.13), of the soft ``ulimit -n``,
+    leaving the rest to the user's program (DataLoader workers, sockets...)."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text()) // 8
+    except (OSError, ValueError):
+        limit = 65530 // 8
+    if not _MAP_OPTIONS:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            limit = min(limit, soft // 8)
+    return max(8, limit)
 
 
 def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -145,7 +159,7 @@ def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
         return np.empty(shape, dtype=dtype)
-    mapping = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ)
+    mapping = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ, **_MAP_OPTIONS)
     return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
