@@ -156,7 +156,7 @@ def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     subclass whose indexing runs Python code: a cache that maps tens of thousands of files in turn
     pays that on every one.
     """
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if count == 0:
         return np.empty(shape, dtype=dtype)
     mapping = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ, **_MAP_OPTIONS)
@@ -287,14 +287,15 @@ class _MappedFiles(ChunkedArray):
         self._row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_maps = _max_open_maps()
+        self._plain: set[int] = set()  # files checked and found to be raw rows (mapped whole)
 
     def _block_rows(self, c: int) -> int:
         raise NotImplementedError
 
-    def _check(self, c: int, path: Path, fd: int) -> Any:
+    def _check(self, c: int, path: str, fd: int) -> Any:
         raise NotImplementedError
 
-    def _map(self, c: int, path: Path, fd: int, checked: Any) -> np.ndarray:
+    def _map(self, c: int, path: str, fd: int, checked: Any) -> np.ndarray:
         return _map_block(fd, (self._block_rows(c), *self.shape[1:]), self.dtype)
 
     def _load_chunk(self, c: int) -> np.ndarray:
@@ -304,14 +305,18 @@ class _MappedFiles(ChunkedArray):
             return block
         if not 0 <= c < self.n_chunks:
             raise IndexError(f"file {c} out of range for array {self.name!r}")
-        path = self._directory / self._key(c, self.ndim)
+        path = os.path.join(self._directory, self._key(c, self.ndim))  # not pathlib: this runs per re-map
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # an absent file reads as the fill value, as zarr specifies
             block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (self._block_rows(c), *self.shape[1:]))
         else:
             try:
-                block = self._map(c, path, fd, self._check(c, path, fd))
+                # A file re-mapped after the LRU dropped it was checked the first time.
+                checked = None if c in self._plain else self._check(c, path, fd)
+                if checked is None:
+                    self._plain.add(c)
+                block = self._map(c, path, fd, checked)
             finally:
                 os.close(fd)
         self._maps[c] = block
@@ -322,7 +327,7 @@ class _MappedFiles(ChunkedArray):
     def check_files(self) -> None:
         """Check the first and the last file (a ``stat`` and, for shards, a small read each; the rest on first use)."""
         for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
-            path = self._directory / self._key(c, self.ndim)
+            path = os.path.join(self._directory, self._key(c, self.ndim))
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -346,7 +351,7 @@ class MappedChunks(_MappedFiles):
     def _block_rows(self, c: int) -> int:
         return self.chunk_rows
 
-    def _check(self, c: int, path: Path, fd: int) -> None:
+    def _check(self, c: int, path: str, fd: int) -> None:
         size, expected = os.fstat(fd).st_size, self.chunk_rows * self._row_bytes
         if size != expected:
             raise CacheFormatError(
@@ -402,7 +407,7 @@ class MappedShards(_MappedFiles):
             body = self._layouts[present] = index.tobytes()
         return body
 
-    def _check(self, c: int, path: Path, fd: int) -> np.ndarray | None:
+    def _check(self, c: int, path: str, fd: int) -> np.ndarray | None:
         """Check shard ``c``'s size and index; None when its chunks lie back to back (it can be
         mapped whole), else its (offset, size) pairs."""
         size = os.fstat(fd).st_size
@@ -439,10 +444,10 @@ class MappedShards(_MappedFiles):
             )
         return index
 
-    def _map(self, c: int, path: Path, fd: int, checked: np.ndarray | None) -> np.ndarray:
+    def _map(self, c: int, path: str, fd: int, checked: np.ndarray | None) -> np.ndarray:
         return super()._map(c, path, fd, None) if checked is None else self._gather(path, fd, checked, self._present(c))
 
-    def _gather(self, path: Path, fd: int, index: np.ndarray, present: int) -> np.ndarray:
+    def _gather(self, path: str, fd: int, index: np.ndarray, present: int) -> np.ndarray:
         """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
         block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill, dtype=self.dtype)
         for j, (offset, size) in enumerate(index[:present].tolist()):
