@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -42,6 +41,7 @@ __all__ = [
     "INITIAL_STATES",
     "WARMUP_TEXT",
     "ALLOW_SLOW_BF16_ENV",
+    "ALLOW_SLOW_FP16_ENV",
     "cpu_bf16_problem",
 ]
 
@@ -83,6 +83,8 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 
 # Set to 1 to run bf16 on a CPU without native bf16 anyway (emulated: far slower than fp32).
 ALLOW_SLOW_BF16_ENV = "ELMO_CACHE_ALLOW_SLOW_BF16"
+# Set to "1" to run fp16 on a CPU anyway (torch has no fast CPU fp16 matmul: see _check_precision).
+ALLOW_SLOW_FP16_ENV = "ELMO_CACHE_ALLOW_SLOW_FP16"
 # CPU flags (Linux /proc/cpuinfo) of native bf16 matmuls: x86 AVX512-BF16 or AMX, Arm BF16.
 _BF16_FLAGS = {"x86": ("avx512_bf16", "amx_bf16"), "arm": ("bf16",)}
 # oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) that still include native bf16.
@@ -159,14 +161,12 @@ def _check_precision(precision: str, device: torch.device) -> torch.dtype:
                 f"CUDA GPU with bf16. To run it anyway (e.g. to match a cache built in bf16 elsewhere), set "
                 f"{ALLOW_SLOW_BF16_ENV}=1"
             )
-    if device.type == "cpu" and precision == "fp16":
-        # Not refused like emulated bf16 (nothing goes wrong, and matching a GPU-built fp16 cache
-        # is a use), but nobody should pick it for speed by mistake.
-        warnings.warn(
-            "precision 'fp16' on a CPU is slower than 'fp32' (0.33-0.4x measured, benchmarks/RESULTS.md) and less "
-            "exact: no CPU has a fast fp16 path in torch; it is meant for CUDA GPUs. Use 'fp32' on CPUs.",
-            UserWarning,
-            stacklevel=4,
+    if device.type == "cpu" and precision == "fp16" and os.environ.get(ALLOW_SLOW_FP16_ENV) != "1":
+        raise InvalidParameterError(
+            "precision: 'fp16' on a CPU is emulated by torch, far slower than fp32 (66x on the small model on an "
+            "AVX2-only CPU, 2.5x on an AVX-512 one; benchmarks/RESULTS.md) and less exact: it is meant for CUDA "
+            "GPUs. Use 'fp32' on CPUs ('bf16' where the CPU has native bf16). To run it anyway (e.g. to match a "
+            f"cache built in fp16 on a GPU), set {ALLOW_SLOW_FP16_ENV}=1"
         )
     return PRECISIONS[precision]
 

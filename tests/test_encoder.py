@@ -225,7 +225,12 @@ def test_warm_state_is_deterministic_and_recorded(tiny_model):
 
 
 @pytest.mark.parametrize("precision,tolerance", [("bf16", 0.1), ("fp16", 0.02)])
-def test_reduced_precision_stays_close_to_fp32(tiny_model, tiny_encoder, precision, tolerance, native_bf16):
+def test_reduced_precision_stays_close_to_fp32(
+    tiny_model, tiny_encoder, precision, tolerance, native_bf16, monkeypatch
+):
+    import elmo_cache.encoder as module
+
+    monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")  # the arithmetic is tested, not the speed
     reduced = Encoder.from_files(*tiny_model, device="cpu", precision=precision)
     sentences = random_sentences(16, seed=9)
     for a, b in zip(reduced.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
@@ -246,16 +251,28 @@ def test_bf16_on_a_cpu_without_native_bf16_is_refused(tiny_model, monkeypatch):
     for part in ("'bf16'", "slower than fp32", "no native bf16 (test)", "'fp32'", "AVX512-BF16 or AMX"):
         assert part in message
     assert "ELMO_CACHE_ALLOW_SLOW_BF16=1" in message
-    # fp32 and fp16 are not concerned (fp16 only warns that it is slow on CPUs); the override runs bf16 anyway.
+    # fp32 is not concerned; the override runs bf16 anyway.
     assert Encoder.from_files(*tiny_model, device="cpu", precision="fp32").precision == "fp32"
-    with pytest.warns(UserWarning, match="'fp16' on a CPU is slower than 'fp32'"):
-        assert Encoder.from_files(*tiny_model, device="cpu", precision="fp16").precision == "fp16"
     monkeypatch.setenv(module.ALLOW_SLOW_BF16_ENV, "1")
     forced = Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
     assert forced.embed_sentence(["a", "b"]).shape == (3, 2, 32)
     monkeypatch.setenv(module.ALLOW_SLOW_BF16_ENV, "0")  # only "1" overrides
     with pytest.raises(InvalidParameterError, match="bf16"):
         Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+
+
+def test_fp16_on_a_cpu_is_refused_unless_asked_for(tiny_model, monkeypatch):
+    import elmo_cache.encoder as module
+
+    monkeypatch.delenv(module.ALLOW_SLOW_FP16_ENV, raising=False)
+    with pytest.raises(InvalidParameterError) as refused:
+        Encoder.from_files(*tiny_model, device="cpu", precision="fp16")
+    message = str(refused.value)
+    for part in ("'fp16' on a CPU", "slower than fp32", "'fp32'", "CUDA", "ELMO_CACHE_ALLOW_SLOW_FP16=1"):
+        assert part in message
+    monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")
+    forced = Encoder.from_files(*tiny_model, device="cpu", precision="fp16")
+    assert forced.precision == "fp16" and forced.embed_sentence(["a", "b"]).shape == (3, 2, 32)
 
 
 def test_native_bf16_detection(tmp_path, monkeypatch):
