@@ -95,8 +95,13 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
         else:
             files, why = hub.locate(built_with)
             if files is not None:
-                encoder = Encoder.from_model(files, **kwargs)
-            else:
+                try:
+                    encoder = Encoder.from_model(files, **kwargs)
+                except InvalidParameterError as exc:
+                    # The recorded precision is refused here (bf16/fp16 emulated on this CPU): the
+                    # cache is still worth serving; the user asked for no model in particular.
+                    why = f"{exc} (or pass --precision to serve live answers that differ from the cached ones)"
+            if encoder is None:
                 _log.warning("serving %s from the cache only, no live encodings: %s", settings.cache_path, why)
     if cache is None and encoder is None:
         raise InvalidParameterError(

@@ -99,6 +99,27 @@ def test_the_readme_main_job_works_offline(tmp_path, bundled_model, offline):
     cache.close()
 
 
+def test_a_recorded_precision_this_cpu_refuses_serves_the_cache_alone(tmp_path, caplog, monkeypatch):
+    import elmo_cache.encoder
+
+    folder = tmp_path / "model"
+    write_random_model(folder, "tiny", seed=6)
+    monkeypatch.setenv(elmo_cache.encoder.ALLOW_SLOW_FP16_ENV, "1")  # built where fp16 was allowed
+    build(
+        _corpus(tmp_path), BuildOptions(output=tmp_path / "c.zarr", model=str(folder), precision="fp16", progress=False)
+    )
+    monkeypatch.delenv(elmo_cache.encoder.ALLOW_SLOW_FP16_ENV)  # served on a CPU that refuses it
+    cache = elmo_cache.open(tmp_path / "c.zarr")
+    with caplog.at_level(logging.WARNING, logger="elmo_cache.server"):
+        encoder, _ = load_resources(Settings(device="cpu"), cache=cache)
+    assert encoder is None
+    assert "cache only" in caplog.text and "'fp16' on a CPU" in caplog.text and "--precision" in caplog.text
+    app = create_app(Settings(max_wait_ms=1.0), cache=cache)
+    assert _get(app, LINES[1]).headers["x-elmo-source"] == "cache"
+    assert _get(app, UNSEEN).status_code == 404
+    cache.close()
+
+
 def test_a_published_model_is_used_only_when_already_downloaded(tmp_path, offline, caplog, monkeypatch):
     folder = tmp_path / "model-cache" / "small"
     write_random_model(folder, "tiny", seed=5, name=hub.PUBLISHED_MODELS["small"].stem)  # stands in for the download
