@@ -133,6 +133,9 @@ def test_primitives_write_the_same_cache_as_the_writer(tmp_path, compression):
     output = zarr_store.finish_group(staging, tmp_path / "other.zarr", arrays, meta, sums)
     check(output, sentences)
     assert files(output) == files(reference)
+    # Readable by whoever may read the rest of the cache (a temporary file of mkstemp's would be 0600).
+    modes = {p.stat().st_mode & 0o777 for p in output.rglob("*") if p.is_file()}
+    assert len(modes) == 1, modes
 
 
 def test_create_group_refuses_another_shape(tmp_path):

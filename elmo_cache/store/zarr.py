@@ -44,7 +44,7 @@ import os
 import resource
 import shutil
 import sys
-import tempfile
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -761,7 +761,9 @@ def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows:
     (staging / BUILD_DIR).mkdir(parents=True, exist_ok=True)
     # A name of its own: two writers of the same file (a part redone while a stale worker still
     # runs) must never write into one temporary file; the last rename wins, whole either way.
-    fd, name = tempfile.mkstemp(prefix=f"vectors-{k}.", suffix=".tmp", dir=staging / BUILD_DIR)
+    # (Not mkstemp: its files are private, 0600; a cache is read by other users and services.)
+    name = staging / BUILD_DIR / f"vectors-{k}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
             crc = _write_file_body(handle, layout, n_rows, k, rows)
