@@ -81,7 +81,7 @@ class PublishedModel:
     stem: str
     # Folder on the download server.
     folder: str
-    # SHA-256 (hex) the downloaded options.json must have; None: not pinned (see PINNED below).
+    # SHA-256 (hex) the downloaded options.json must have; None: not pinned (see the note on PUBLISHED_MODELS).
     options_sha256: str | None = None
     # SHA-256 (hex) the downloaded weights must have; None: not pinned.
     weights_sha256: str | None = None
