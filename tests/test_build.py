@@ -322,6 +322,7 @@ def test_format_from_suffix_and_default_output(tmp_path, corpus, tiny_encoder):
         ({"compression": "lz77"}, r"choose from \['none', 'zstd', 'blosc-lz4', 'blosc-zstd'\]"),
         ({"format": "parquet"}, r"choose from \['zarr', 'hdf5'\]"),
         ({"chunk_rows": 0}, "positive"),
+        ({"output": "s3://bucket/c.zarr"}, "'s3://bucket/c.zarr' is a URL"),
         ({"shard_rows": 0}, "positive"),
         ({"output": "x.h5", "shard_rows": 64}, "only zarr caches are sharded"),
         ({"chunk_rows": 4, "shard_rows": 10}, r"shard_rows: 10 is not a multiple of chunk_rows \(4\)"),
@@ -329,7 +330,7 @@ def test_format_from_suffix_and_default_output(tmp_path, corpus, tiny_encoder):
     ],
 )
 def test_bad_options_are_named(tmp_path, corpus, tiny_encoder, options, message):
-    if "output" in options:
+    if "output" in options and "://" not in options["output"]:
         options = {**options, "output": tmp_path / options["output"]}
     with pytest.raises(InvalidParameterError, match=message):
         build(corpus, BuildOptions(progress=False, **options), encoder=tiny_encoder)

@@ -161,6 +161,13 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         raise InvalidParameterError(f"format: {options.format!r} is not valid; choose from {list(FORMATS)}")
     if options.output is None and source.path is None:
         raise InvalidParameterError("output: reading the corpus from stdin needs -o/--output")
+    if options.output is not None and "://" in os.fspath(options.output):
+        # Path("s3://b/x.zarr") would quietly become a local folder named "s3:".
+        raise InvalidParameterError(
+            f"output: {os.fspath(options.output)!r} is a URL; caches are written to local (or mounted) "
+            "filesystems, because they are published by atomic renames and read memory-mapped. Write to a "
+            "local path, or a mounted bucket (mountpoint-s3, gcsfuse), and copy the cache up"
+        )
     suffix_format = infer_format(options.output) if options.output is not None else None
     if options.format and suffix_format and options.format != suffix_format:
         raise InvalidParameterError(
