@@ -12,10 +12,9 @@ corpus is read once, by the driver. About 30 bytes per sentence plus its text.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
 from elmo_cache.builder.plan import DISTRIBUTED_PLAN_FILE
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store._staging import atomic_write_json, encode_tokens, fsync_path
+from elmo_cache.store._staging import RawColumn, atomic_write_json, encode_tokens, fsync_path
 from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
@@ -101,15 +100,15 @@ class FirstPass:
         )
 
 
-def _path(directory: Path, name: str) -> Path:
-    return directory / f"{name}.bin"
+def _columns(directory: Path) -> dict[str, RawColumn]:
+    return {name: RawColumn(directory / f"{name}.bin", dtype, shape) for name, (dtype, shape) in _COLUMNS.items()}
 
 
 def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool, info: dict[str, Any]) -> FirstPass:
     """Read ``source`` once and write its plan into ``directory`` (``info`` is recorded in ``plan.json``)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / PLAN_FILE).unlink(missing_ok=True)
-    files: dict[str, BinaryIO] = {name: open(_path(directory, name), "wb") for name in _COLUMNS}  # noqa: SIM115
+    columns = _columns(directory)
     seen = SeenSentences() if dedupe else None
     rows = tokens = text_bytes = lines = 0
     n_windows = 0
@@ -129,7 +128,7 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
             "windows": np.array([[window.first_line, len(window.tokens), rows, window_rows]]),
         }
         for name, data in parts.items():
-            files[name].write(np.ascontiguousarray(data, dtype=_COLUMNS[name][0]).tobytes())
+            columns[name].append(data)
         rows += window_rows
         tokens += int(window.lengths.sum(dtype=np.int64))
         text_bytes += len(text)
@@ -137,6 +136,8 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
         n_windows += 1
 
     try:
+        for column in columns.values():
+            column.open(0)
         cutter = WindowCutter(0, window_tokens)
         for _, sentence in source.sentences():
             window = cutter.add(sentence, sentence_hash(sentence))
@@ -145,12 +146,11 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
         window = cutter.flush()
         if window is not None:
             put(window)
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
+        for column in columns.values():
+            column.sync()
     finally:
-        for f in files.values():
-            f.close()
+        for column in columns.values():
+            column.close()
     fsync_path(directory, directory=True)
     counts = {"lines": lines, "rows": rows, "tokens": tokens, "text_bytes": text_bytes, "windows": n_windows}
     atomic_write_json(directory / PLAN_FILE, {**info, **counts})
@@ -172,16 +172,11 @@ def load_first_pass(directory: Path) -> FirstPass | None:
     counts["text"] = int(info["text_bytes"])
     counts["windows"] = int(info["windows"])
     arrays: dict[str, np.ndarray] = {}
-    for name, (dtype, shape) in _COLUMNS.items():
-        file = _path(directory, name)
-        want = counts[name] * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if not file.is_file() or file.stat().st_size != want:
+    for name, column in _columns(directory).items():
+        want = counts[name] * column.item_bytes
+        if not column.path.is_file() or column.path.stat().st_size != want:
             raise CacheFormatError(
-                f"{file}: missing or not {want} bytes; the build plan is damaged, rerun with --overwrite"
+                f"{column.path}: missing or not {want} bytes; the build plan is damaged, rerun with --overwrite"
             )
-        arrays[name] = (
-            np.memmap(file, dtype=dtype, mode="r", shape=(counts[name], *shape))
-            if want
-            else np.empty((0, *shape), dtype=dtype)
-        )
+        arrays[name] = column.read(counts[name])
     return FirstPass(directory, info, **arrays)
