@@ -881,6 +881,9 @@ class ZarrWriter(Writer):
         self._handle: Any = None  # the open rows-<k>.bin of file k = self._rows // file_rows
         self._filled: list[int] = []  # files whose rows are all appended, not yet finished
         self._ready: list[int] = []  # files finished at the last sync, renamed after the commit
+        # CRC-32 of the rows appended so far to each file not yet finished, so that finishing a file
+        # does not read its rows back (up to 256 MiB) to sum them.
+        self._rows_crc: dict[int, int] = {}
         # (size, CRC-32) of each finished vectors file, for checksums.json.
         self.file_sums = RawColumn(self.build_dir / "file_sums.bin", "int64", (2,))
 
@@ -930,8 +933,10 @@ class ZarrWriter(Writer):
                     f"{current}: the committed rows of the vectors are missing or damaged; rerun with --overwrite"
                 )
             os.truncate(current, want)
+            self._rows_crc = {published: file_checksum(current)[1]}
         else:
             current.unlink(missing_ok=True)
+            self._rows_crc = {}
         self._rows = rows
 
     def _file_handle(self, k: int) -> Any:
@@ -952,7 +957,9 @@ class ZarrWriter(Writer):
         while done < n:
             k = self._rows // self.file_rows
             take = min(n - done, (k + 1) * self.file_rows - self._rows)
-            self._file_handle(k).write(np.ascontiguousarray(vectors[done : done + take]).data.cast("B"))
+            data = np.ascontiguousarray(vectors[done : done + take]).data.cast("B")
+            self._file_handle(k).write(data)
+            self._rows_crc[k] = checksum(data, self._rows_crc.get(k, 0))
             done += take
             self._rows += take
             if self._rows % self.file_rows == 0:
@@ -964,14 +971,16 @@ class ZarrWriter(Writer):
         rows_path, ready = self._rows_path(k), self._ready_path(k)
         if self.layout.compression is None:
             _, present = _file_geometry(self.layout, n_rows, k)
-            with open(rows_path, "r+b") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.write(bytes(present * self.chunk_rows_bytes - handle.tell()))
-                handle.write(_shard_index(self.layout, present))
+            padding_and_index = bytes(present * self.chunk_rows_bytes - rows_path.stat().st_size)
+            padding_and_index += _shard_index(self.layout, present)
+            with open(rows_path, "ab") as handle:
+                handle.write(padding_and_index)
                 handle.flush()
                 os.fsync(handle.fileno())
+                size = handle.tell()
             os.replace(rows_path, ready)
-            return file_checksum(ready)
+            return size, checksum(padding_and_index, self._rows_crc.pop(k, 0))
+        self._rows_crc.pop(k, None)  # compressed: the file's sum is of the encoded bytes
         block = np.fromfile(rows_path, dtype=self.layout.dtype).reshape(-1, *self.layout.row_shape)
         with open(ready, "wb") as handle:
             crc = _write_file_body(handle, self.layout, n_rows, k, block)
