@@ -13,7 +13,7 @@ __all__ = ["export_command"]
 @click.option(
     "--corpus",
     default=None,
-    help="Corpus for sentence_to_index. Default: the recorded input path, else the cache's stored tokens.",
+    help="Corpus for sentence_to_index (its lines as allennlp keys them). Default: the cache's stored tokens.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 def export_command(cache, output, corpus, overwrite):

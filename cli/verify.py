@@ -18,8 +18,8 @@ __all__ = ["verify_command"]
 @click.option(
     "--corpus",
     default=None,
-    help="The corpus the cache was built from, to check it too. Default: the recorded input path "
-    "when it exists (a format-1 cache, which stores no text, needs it to check its index).",
+    help="The corpus the cache was built from, to check every line against it too (read only when given; "
+    "a format-1 cache, which stores no text, needs it to check its index).",
 )
 @model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")

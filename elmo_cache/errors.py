@@ -28,6 +28,7 @@ __all__ = [
     "NotInCacheError",
     "AuthenticationError",
     "LiveTimeoutError",
+    "OutputLockedError",
 ]
 
 
@@ -120,3 +121,7 @@ class LiveTimeoutError(ServiceError, TimeoutError):
     """A live encoding waited (queued and encoding) longer than the service allows; retry later."""
 
     code = "live_timeout"
+
+
+class OutputLockedError(ElmoCacheError, BlockingIOError):
+    """Another live build holds the output's lock (the message names its pid and host)."""

@@ -8,8 +8,8 @@ dataset holding the JSON object ``{sentence text: "line number"}`` (the text bei
 stripped of surrounding whitespace; a repeated sentence maps to its last line, as allennlp's
 dict does). Empty lines, which allennlp refuses, become datasets with zero tokens.
 
-The text comes from the corpus when there is one (``corpus=`` or the input path recorded at build
-time, when it still exists): its lines exactly, as allennlp keys them. Otherwise a format-2 cache
+The text comes from the corpus when the caller names one (``corpus=``): its lines exactly, as
+allennlp keys them. Otherwise a format-2 cache
 supplies its stored tokens, joined by one space (the same key wherever a line separates its tokens
 by single spaces). A format-1 cache stores no text: without its corpus ``sentence_to_index`` is
 left out (tools that only read the numbered datasets do not need it). One dataset per sentence is
@@ -98,11 +98,8 @@ def export(
         raise CacheExistsError(f"{output} exists; pass --overwrite to replace it")
     with elmo_cache.open(cache) as opened:
         lengths = np.asarray(opened.lengths)
+        # Like verify: only a corpus the caller names is read, never the path the metadata claims.
         corpus_path: Any = corpus
-        if corpus_path is None:
-            recorded = ((opened.metadata.get("build") or {}).get("input") or {}).get("path")
-            if recorded and recorded != "-" and Path(recorded).is_file():
-                corpus_path = recorded
         mapping = None
         if corpus_path is not None:
             errors = ((opened.metadata.get("build") or {}).get("args") or {}).get("errors", "strict")

@@ -6,8 +6,8 @@ the metadata against those recorded at finalisation (bit flips, truncation, edit
 structure, then every sentence's stored tokens against its token count and the sentence index.
 The structure checks read the arrays with zarr-python or h5py themselves (not through the
 reader), so that they test the format as FORMAT.md states it, not the reader's interpretation.
-With the corpus (``corpus=`` or the input path recorded in the metadata, when it still
-exists) every line is also checked against the cache. A format-1 cache has no checksums and
+With the corpus (``corpus=``; never the input path the metadata records, which is the cache's
+own claim) every line is also checked against the cache. A format-1 cache has no checksums and
 no text: without its corpus only its structure can be checked.
 """
 
@@ -143,16 +143,13 @@ def verify(
             stored = _check_tokens(meta, arrays, report)
             if report.problems:
                 return report
-        corpus_path = corpus
-        if corpus_path is None:
-            recorded = ((meta.get("build") or {}).get("input") or {}).get("path")
-            if recorded and recorded != "-" and Path(recorded).is_file():
-                corpus_path = recorded
+        # Only a corpus named by the caller is read: the input path recorded in the metadata is the
+        # cache's own claim, and a damaged or hostile cache could point it at any file on this machine.
         tokens: dict[int, list[str]] = {}
-        if corpus_path is not None:
-            report.corpus = str(corpus_path)
+        if corpus is not None:
+            report.corpus = str(corpus)
             tokens = _check_corpus(
-                Corpus(corpus_path, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
+                Corpus(corpus, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
                 meta,
                 arrays,
                 report,

@@ -67,6 +67,7 @@ from elmo_cache.store import (
 )
 from elmo_cache.store._staging import atomic_write_json, fsync_path, sentence_index
 from elmo_cache.store.format import BUILD_DIR, staging_path
+from elmo_cache.store.lock import output_lock
 from elmo_cache.text.corpus import Corpus
 
 __all__ = ["FAIL_PART_ENV", "PartSpec", "PartWriter", "build_distributed", "cut_parts"]
@@ -351,15 +352,16 @@ def build_distributed(
         )
     ray = _import_ray()
     run_start = time.monotonic()
-    started_ray = False
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        started_ray = True
-    try:
-        return _build(ray, source, plan, options, workers, parts, cpus_per_worker, run_start)
-    finally:
-        if started_ray:
-            ray.shutdown()
+    with output_lock(plan.output):  # the driver holds it for the workers: they write only what it assigns
+        started_ray = False
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            started_ray = True
+        try:
+            return _build(ray, source, plan, options, workers, parts, cpus_per_worker, run_start)
+        finally:
+            if started_ray:
+                ray.shutdown()
 
 
 def _device(ray: Any, options: BuildOptions) -> str:

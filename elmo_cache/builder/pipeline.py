@@ -42,6 +42,7 @@ from elmo_cache.builder.options import ENGINES, BuildOptions, BuildSummary, disk
 from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, options_json, prepare_output
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import Layout, Progress, Writer, writer_class
+from elmo_cache.store.lock import output_lock
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -232,6 +233,12 @@ def build(
         raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
     source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
     plan = make_plan(source, options)
+    with output_lock(plan.output):
+        return _build_locked(source, plan, options, encoder)
+
+
+def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any) -> BuildSummary:
+    """The local build of ``plan``, with the output's lock held."""
     if encoder is None:
         encoder = load_encoder(options)
     elif getattr(encoder, "initial_state", "zero") == "carry":
@@ -266,7 +273,6 @@ def build(
         if action == "resume":
             writer = cls.resume(plan.output, layout, state)
         else:
-            plan.output.parent.mkdir(parents=True, exist_ok=True)
             progress = Progress(identity=ident, started=_now())
             meta = metadata(
                 ident, progress, complete=False, n_unique=0, build_info={**build_info, "started": progress.started}

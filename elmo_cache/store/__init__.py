@@ -32,6 +32,7 @@ from elmo_cache.store import hdf5, zarr
 from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
 from elmo_cache.store.format import BUILD_DIR, FORMATS, STAGING_SUFFIX, ZARR_JSON, infer_format, staging_path
 from elmo_cache.store.hdf5 import Hdf5Writer
+from elmo_cache.store.lock import current_builder
 from elmo_cache.store.zarr import (
     COMPRESSIONS,
     SMALL_CHUNK,
@@ -67,6 +68,7 @@ __all__ = [
     "load_progress",
     "staging_path",
     "remove_output",
+    "unfinished",
 ]
 
 _CONTAINERS: dict[str, ModuleType] = {"zarr": zarr, "hdf5": hdf5}
@@ -85,7 +87,14 @@ def writer_class(format: str) -> type[Writer]:
     return ZarrWriter if container(format) is zarr else Hdf5Writer
 
 
-def _unfinished(path: Path) -> IncompleteCacheError:
+def unfinished(path: Path) -> IncompleteCacheError:
+    """The error for opening ``path`` before its build finished: running now (who) or interrupted."""
+    output = path.with_name(path.name.removesuffix(STAGING_SUFFIX))  # X.partial is X's staging
+    owner = current_builder(output)
+    if owner is not None:
+        return IncompleteCacheError(
+            f"{path} is being built by {owner.describe()}; its sentences become readable when that build finishes"
+        )
     return IncompleteCacheError(
         f"{path}: the build of this cache was interrupted before it finished; resume it by running the same "
         "build command again (its sentences become readable when the build completes)"
@@ -100,11 +109,11 @@ def detect(path: Path) -> str:
     """
     if not path.exists():
         if staging_path(path).is_dir():
-            raise _unfinished(path)
+            raise unfinished(path)
         raise CacheNotFoundError(f"cache not found: {path}")
     if path.is_dir():
         if (path / BUILD_DIR).is_dir():  # the staging folder of a running or interrupted build
-            raise _unfinished(path)
+            raise unfinished(path)
         if zarr.is_store(path):
             return "zarr"
         if (path / ".zgroup").exists() or (path / ".zattrs").exists():

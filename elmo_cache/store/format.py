@@ -38,6 +38,7 @@ __all__ = [
     "FORMATS",
     "SUFFIXES",
     "STAGING_SUFFIX",
+    "LOCK_SUFFIX",
     "BUILD_DIR",
     "PROGRESS_FILE",
     "ZARR_JSON",
@@ -111,6 +112,9 @@ SUFFIXES = {".zarr": "zarr", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5"}
 
 STAGING_SUFFIX = ".partial"
 """A build writes ``<output>.partial/`` and renames it (or the HDF5 file inside) to the output at the end."""
+
+LOCK_SUFFIX = ".lock"
+"""A build holds an exclusive lock on ``<output>.lock`` from start to finish (elmo_cache.store.lock)."""
 
 BUILD_DIR = ".build"
 """Folder of the staging directory holding the raw per-sentence files and the progress."""

@@ -1,0 +1,171 @@
+"""One writer per output: a second build is refused with who is building, a killed build never
+blocks the next one, and opening a cache under construction says it is being built."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import elmo_cache
+from elmo_cache.builder import BuildOptions, build
+from elmo_cache.cli.main import cli
+from elmo_cache.errors import IncompleteCacheError, OutputLockedError
+from elmo_cache.store.format import staging_path
+from elmo_cache.store.lock import current_builder, lock_path, output_lock
+from tests._build_fixtures import corpus_lines, write_corpus
+
+LINES = corpus_lines(40, seed=11)
+
+
+def _build_from_stdin(output: Path, model: tuple[Path, Path]) -> subprocess.Popen:
+    """A CLI build reading stdin: it takes the lock, then waits for input for as long as the test wants."""
+    command = [
+        sys.executable,
+        "-c",
+        "from elmo_cache.cli.main import main; main()",
+        "build",
+        "-",
+        "-o",
+        str(output),
+        "--options-file",
+        str(model[0]),
+        "--weight-file",
+        str(model[1]),
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--commit-seconds",
+        "0",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for_lock(output: Path, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        owner = current_builder(output)
+        if owner is not None and owner.pid == process.pid:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the build exited early: {process.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError("the build did not take its lock in time")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=30)
+
+
+def test_a_second_build_is_refused_while_the_first_runs_and_readers_are_told(tmp_path, tiny_model, tiny_encoder):
+    output = tmp_path / "c.zarr"
+    process = _build_from_stdin(output, tiny_model)
+    try:
+        with process.stdin as stream:
+            stream.write("\n".join(LINES[:10]) + "\n")
+            stream.flush()
+            _wait_for_lock(output, process)
+            expected = f"is being built by pid {process.pid} on {socket.gethostname()}"
+
+            corpus = write_corpus(tmp_path / "other.txt", LINES)
+            with pytest.raises(OutputLockedError, match=expected):
+                build(corpus, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
+            # --overwrite cannot take an output away from a running build either.
+            with pytest.raises(OutputLockedError, match=expected):
+                build(corpus, BuildOptions(output=output, overwrite=True, progress=False), encoder=tiny_encoder)
+            result = CliRunner().invoke(
+                cli,
+                ["build", str(corpus), "-o", str(output), "--options-file", str(tiny_model[0])]
+                + ["--weight-file", str(tiny_model[1]), "--device", "cpu", "--no-progress"],
+            )
+            assert result.exit_code == 1 and expected in result.output, result.output
+            assert "Traceback" not in result.output
+
+            with pytest.raises(IncompleteCacheError, match=expected):
+                elmo_cache.open(output)
+            with pytest.raises(IncompleteCacheError, match=expected):
+                elmo_cache.open(staging_path(output))
+            # The refused builds left the running one's staging and lock alone.
+            assert staging_path(output).is_dir() and current_builder(output).pid == process.pid
+
+            stream.write("\n".join(LINES[10:]) + "\n")
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    finally:
+        _stop(process)
+    assert not lock_path(output).exists()  # released and removed at the end
+    assert current_builder(output) is None
+    reference = tmp_path / "reference.zarr"
+    build(
+        write_corpus(tmp_path / "ref.txt", LINES), BuildOptions(output=reference, progress=False), encoder=tiny_encoder
+    )
+    with elmo_cache.open(output) as got, elmo_cache.open(reference) as want:
+        assert len(got) == len(LINES)
+        for i in range(len(LINES)):
+            np.testing.assert_array_equal(got[i], want[i])
+
+
+def test_a_lock_left_by_a_killed_build_never_blocks_the_next(tmp_path, tiny_model, tiny_encoder):
+    output = tmp_path / "c.h5"
+    process = _build_from_stdin(output, tiny_model)
+    try:
+        with process.stdin as stream:
+            stream.write("\n".join(LINES[:10]) + "\n")
+            stream.flush()
+            _wait_for_lock(output, process)
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+            assert process.returncode == -signal.SIGKILL
+    finally:
+        _stop(process)
+    # The killed build could not remove its lock file; the kernel released the lock all the same.
+    assert lock_path(output).exists()
+    assert json.loads(lock_path(output).read_text())["pid"] == process.pid
+    assert current_builder(output) is None
+    with pytest.raises(IncompleteCacheError, match="interrupted"):
+        elmo_cache.open(output)
+
+    corpus = write_corpus(tmp_path / "full.txt", LINES)
+    summary = build(corpus, BuildOptions(output=output, overwrite=True, progress=False), encoder=tiny_encoder)
+    assert summary.n_sentences == len(LINES)
+    assert not lock_path(output).exists()
+    with elmo_cache.open(output) as cache:
+        np.testing.assert_allclose(cache[3], tiny_encoder.embed_sentence(LINES[3].split()), atol=1e-5, rtol=0)
+
+
+def test_the_ray_engine_takes_the_same_lock(tmp_path):
+    pytest.importorskip("ray")
+    corpus = write_corpus(tmp_path / "c.txt", LINES)
+    output = tmp_path / "c.zarr"
+    # Refused before any cluster starts: the lock is taken first.
+    with output_lock(output), pytest.raises(OutputLockedError, match=f"is being built by pid {os.getpid()}"):
+        build(corpus, BuildOptions(output=output, progress=False), engine="ray")
+    assert not lock_path(output).exists()
+
+
+def test_lock_errors_are_clear(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OutputLockedError, match="cannot take the build lock"), output_lock(blocker / "sub" / "c.zarr"):
+        pass
+    # A lock file that someone else wrote (or an empty one) is never mistaken for a held lock.
+    output = tmp_path / "c.zarr"
+    lock_path(output).write_text("garbage")
+    assert current_builder(output) is None
+    with output_lock(output):
+        owner = current_builder(output)
+        assert owner is not None and owner.pid == os.getpid() and owner.host == socket.gethostname()
+    assert not lock_path(output).exists()
