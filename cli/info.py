@@ -15,14 +15,17 @@ __all__ = ["info_command"]
 
 def _describe(path: Path) -> dict[str, Any]:
     from elmo_cache.store import load_progress, read_metadata, staging_path
+    from elmo_cache.store.lock import current_builder
 
     meta = read_metadata(path) if path.exists() else None
     if meta is not None:
         return meta
     progress = load_progress(path)
     if progress is not None:
+        owner = current_builder(path)
         return {
             "complete": False,
+            "being_built_by": None if owner is None else owner.describe(),
             "interrupted_build": str(staging_path(path)),
             "committed_sentences": progress.lines,
             "committed_tokens": progress.tokens,
@@ -47,7 +50,12 @@ def info_command(cache, as_json):
     model = meta.get("model") or {}
     what = f"layers {meta.get('layers')}" if meta.get("kind") == "layers" else f"mix {meta.get('mix')}"
     lines = [f"path:         {cache}"]
-    if "interrupted_build" in meta:
+    if meta.get("being_built_by"):
+        lines.append(
+            f"state:        being built by {meta['being_built_by']} ({meta['committed_sentences']:,} sentences "
+            "committed so far)"
+        )
+    elif "interrupted_build" in meta:
         lines.append(
             f"state:        interrupted build in {meta['interrupted_build']} ({meta['committed_sentences']:,} "
             "sentences committed); run the same build command to resume"

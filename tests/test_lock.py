@@ -97,6 +97,8 @@ def test_a_second_build_is_refused_while_the_first_runs_and_readers_are_told(tmp
 
             with pytest.raises(IncompleteCacheError, match=expected):
                 elmo_cache.open(output)
+            info = CliRunner().invoke(cli, ["info", str(output)])
+            assert info.exit_code == 0 and f"being built by pid {process.pid}" in info.output, info.output
             with pytest.raises(IncompleteCacheError, match=expected):
                 elmo_cache.open(staging_path(output))
             # The refused builds left the running one's staging and lock alone.
@@ -137,6 +139,8 @@ def test_a_lock_left_by_a_killed_build_never_blocks_the_next(tmp_path, tiny_mode
     assert current_builder(output) is None
     with pytest.raises(IncompleteCacheError, match="interrupted"):
         elmo_cache.open(output)
+    info = CliRunner().invoke(cli, ["info", str(output)])
+    assert info.exit_code == 0 and "interrupted build" in info.output, info.output
 
     corpus = write_corpus(tmp_path / "full.txt", LINES)
     summary = build(corpus, BuildOptions(output=output, overwrite=True, progress=False), encoder=tiny_encoder)
