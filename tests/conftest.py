@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,21 +68,53 @@ def tiny_encoder(tiny_model):
 
 
 @pytest.fixture(scope="session")
-def bundled_model(tmp_path_factory):
-    """The bundled model's ModelFiles. Before the trained files are dropped into
-    elmo_cache/model/bundled/ (a fresh checkout has only options.json and the card), a random
-    placeholder of the same architecture stands in for the whole session."""
-    from elmo_cache.model import hub
-    from elmo_cache.model.random_model import write_placeholder_bundle
+def bundled_model():
+    """The bundled model's ModelFiles: the trained files shipped in elmo_cache/model/bundled/.
 
-    if (hub.BUNDLED_DIR / "weights.hdf5").is_file():
-        yield hub.resolve(hub.BUNDLED)
-        return
-    directory = tmp_path_factory.mktemp("bundled")
-    write_placeholder_bundle(directory)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hub, "BUNDLED_DIR", directory)
-        yield hub.resolve(hub.BUNDLED)
+    No stand-in: a package shipped without them must fail these tests, not pass them on a random
+    model (tests/test_bundled_identity.py also checks that the files are the ones the card names).
+    """
+    from elmo_cache.model import hub
+
+    missing = [name for name in ("options.json", "weights.hdf5") if not (hub.BUNDLED_DIR / name).is_file()]
+    if missing:
+        pytest.fail(f"the bundled model lacks {missing} in {hub.BUNDLED_DIR}; the package must ship them")
+    return hub.resolve(hub.BUNDLED)
+
+
+@pytest.fixture(autouse=True)
+def no_elmo_cache_environment(monkeypatch):
+    """A developer's own ELMO_CACHE_* variables (server settings, model cache, slow-fp16 override)
+    must not change what a test sees; tests that need one set it themselves."""
+    for name in list(os.environ):
+        if name.startswith("ELMO_CACHE_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """No test reaches the network: resolving any host name but this machine's fails the test.
+
+    Model names resolve to downloads, and a slip would otherwise pass wherever a network exists.
+    Names are what leave a machine (pooch, requests); numeric addresses (a loopback server, Ray's
+    own node address) are left alone.
+    """
+    import ipaddress
+    import socket
+
+    resolve = socket.getaddrinfo
+    local_names = {None, "localhost", socket.gethostname()}
+
+    def local_only(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if name not in local_names:
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:
+                raise AssertionError(f"a test tried to resolve {name!r}; tests never leave this machine") from None
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", local_only)
 
 
 @pytest.fixture()
@@ -94,3 +127,19 @@ def offline(monkeypatch, tmp_path):
 
     monkeypatch.setenv("ELMO_CACHE_MODELS", str(tmp_path / "model-cache"))
     monkeypatch.setattr(pooch, "retrieve", refuse)
+
+
+def pytest_configure(config):
+    """CI names the optional modules it installed (``ELMO_CACHE_REQUIRED_MODULES=ray,schemathesis``):
+    a test module that would skip for lack of one fails the run instead of passing unnoticed."""
+    import importlib
+
+    names = [name for name in os.environ.get("ELMO_CACHE_REQUIRED_MODULES", "").split(",") if name.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name.strip())
+        except ImportError as exc:
+            raise pytest.UsageError(
+                f"ELMO_CACHE_REQUIRED_MODULES names {name.strip()!r}, which cannot be imported ({exc}); "
+                "its tests would be skipped"
+            ) from None
