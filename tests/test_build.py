@@ -180,7 +180,7 @@ def test_hdf5_datasets_are_contiguous_and_memory_mappable(tmp_path, corpus, tiny
         np.testing.assert_array_equal(mapped, ds[...])
 
 
-@pytest.mark.parametrize("compression", ["zstd", "blosc-lz4"])
+@pytest.mark.parametrize("compression", ["zstd", "blosc-lz4", "blosc-zstd"])
 def test_compressed_zarr_holds_the_same_vectors(tmp_path, corpus, tiny_encoder, compression):
     plain, packed = tmp_path / "plain.zarr", tmp_path / "packed.zarr"
     build(corpus, BuildOptions(output=plain, progress=False), encoder=tiny_encoder)

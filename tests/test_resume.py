@@ -163,15 +163,21 @@ def _committed(output: Path) -> int:
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_moments(tmp_path, tiny_model):
-    # zarr is the format with the most state to resume (chunks, tail); the in-process tests above
-    # cover HDF5. Each run pays a Python + torch start-up, so one configuration is tried here.
-    extra = ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2"]
+@pytest.mark.parametrize(
+    "suffix,extra",
+    [
+        # zarr has the most state to resume (shards, chunks, tail)
+        (".zarr", ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2"]),
+        # HDF5 resumes by truncating its datasets to the last commit
+        (".h5", ["--dedupe", "--mix", "0.2,0.3,0.5"]),
+    ],
+)
+def test_kill_9_at_random_moments(tmp_path, tiny_model, suffix, extra):
     rng = random.Random(1234)
     # Big enough that encoding outlasts the kill delays below (~4 s of work on one thread): with
     # 400 lines a resumed run sometimes finished before its kill, leaving a single kill.
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(1200, seed=9))
-    output = tmp_path / "c.zarr"
+    output = tmp_path / ("c" + suffix)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = _command(corpus, output, tiny_model, extra)
 

@@ -126,6 +126,12 @@ def test_kill_9_then_the_same_command_continues_from_the_checkpoint(tmp_path, co
     assert done.returncode == 0, done.stderr
     assert f"resumed at step {killed_at}" in done.stdout
     assert torch.load(checkpoint, weights_only=False)["step"] == killed_at + 5
+    # ... and it took the same steps as an uninterrupted run of as many steps.
+    whole = tmp_path / "whole"
+    train(corpus, whole, replace(TINY, max_steps=killed_at + 5, threads=1))
+    with h5py.File(whole / "weights.hdf5") as a, h5py.File(output / "weights.hdf5") as b:
+        for name in weight_shapes(ModelOptions.from_file(whole / "options.json")):
+            np.testing.assert_allclose(a[name][()], b[name][()], rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_weight_file_is_the_bilm_tf_layout(trained):
