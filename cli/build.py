@@ -89,6 +89,13 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     default=None,
     help="--engine ray: encoder actors. Default: one per GPU on CUDA, else one per 4 CPUs of the cluster.",
 )
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="CPU threads for the encoder. Default: $ELMO_CACHE_THREADS, else the CPUs this process may use "
+    "(affinity and cgroup quota).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
     "--commit-seconds", type=float, default=10.0, hidden=True, help="Seconds between commits (0: every window)."
@@ -119,6 +126,7 @@ def build_command(
     engine,
     address,
     workers,
+    threads,
     no_progress,
     commit_seconds,
 ):
@@ -126,7 +134,9 @@ def build_command(
     from elmo_cache.builder import BuildOptions, build, resolve_output
     from elmo_cache.selection import Selection
     from elmo_cache.text.corpus import Corpus
+    from elmo_cache.threads import apply_threads
 
+    apply_threads(threads)
     selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS) or Selection()
     options = BuildOptions(
         output=output,

@@ -60,7 +60,12 @@ kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--checkpoint-minutes", type=float, default=5.0, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available.")
-@click.option("--threads", type=int, default=None, help="CPU threads for torch.")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="CPU threads for torch. Default: $ELMO_CACHE_THREADS, else the CPUs this process may use.",
+)
 @click.option("--overwrite", is_flag=True, help="Start over even if MODEL_DIR holds a run with other settings.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_command(

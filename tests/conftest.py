@@ -89,6 +89,8 @@ def no_elmo_cache_environment(monkeypatch):
     for name in list(os.environ):
         if name.startswith("ELMO_CACHE_"):
             monkeypatch.delenv(name)
+    # Commands run in process (CliRunner, train()) size torch's pool; keep the one thread above.
+    monkeypatch.setenv("ELMO_CACHE_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,7 @@ import torch
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
 from elmo_cache.model.hub import file_sha256
 from elmo_cache.model.options import ModelOptions
+from elmo_cache.threads import apply_threads
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.data import TokenizedCorpus, count_tokens
 from elmo_cache.train.files import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE, load_trained_model, write_model_dir
@@ -83,7 +84,7 @@ class TrainOptions:
     checkpoint_seconds: float = 300.0
     # "cpu", "cuda" or "cuda:N"; None: CUDA when available.
     device: str | None = None
-    # CPU threads for torch (None: torch's default).
+    # CPU threads for torch (None: $ELMO_CACHE_THREADS, else the CPUs this process may use).
     threads: int | None = None
     # Show a progress bar.
     progress: bool = True
@@ -170,8 +171,7 @@ def train(
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     device = _resolve_device(options.device)
-    if options.threads is not None:
-        torch.set_num_threads(options.threads)
+    apply_threads(options.threads)
     if not Path(corpus).is_file():
         raise CorpusError(f"training corpus not found (a file is needed: training reads it every epoch): {corpus}")
     model_options = _model_options(options)
