@@ -308,6 +308,20 @@ def _import_ray() -> Any:
     return ray
 
 
+def _connect(ray: Any, address: str | None) -> None:
+    """``ray.init`` with a clear error when the named cluster is not there (Ray prints a traceback)."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, TimeoutError) as exc:
+        if address is None:
+            raise ElmoCacheError(f"engine: could not start a local Ray cluster ({exc})") from None
+        raise InvalidParameterError(
+            f"address: no Ray cluster answers at {address!r} ({str(exc).splitlines()[0]}). Start one first "
+            "(`ray start --head` on this machine; `ray start --address HEAD:6379` on the others), or leave out "
+            "--address to let the build start a local Ray of its own"
+        ) from None
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -355,7 +369,7 @@ def build_distributed(
     with output_lock(plan.output):  # the driver holds it for the workers: they write only what it assigns
         started_ray = False
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            _connect(ray, address)
             started_ray = True
         try:
             return _build(ray, source, plan, options, workers, parts, cpus_per_worker, run_start)
@@ -521,6 +535,7 @@ def _build(
         workers=tuple(worker_names),
         parts=len(specs),
         parts_run=len(todo),
+        workers_asked=workers,
     )
 
 

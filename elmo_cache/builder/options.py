@@ -87,6 +87,8 @@ class BuildSummary:
     workers: tuple[str, ...] = ()
     parts: int = 0
     parts_run: int = 0
+    # For ray: the encoder actors the pool was given (more than len(workers) when some got no part).
+    workers_asked: int = 0
 
     def __str__(self) -> str:
         if self.already_complete:
@@ -100,6 +102,14 @@ class BuildSummary:
             redone = f"{self.parts_run} of {self.parts} parts" if self.parts_run < self.parts else f"{self.parts} parts"
             names = ", ".join(self.workers) if self.workers else "none: every part was already done"
             engine = f"; {self.engine}: {redone} on {len(self.workers)} workers ({names})"
+            if self.workers and len(self.workers) < self.workers_asked:
+                why = (
+                    f"there {'was' if self.parts_run == 1 else 'were'} only {self.parts_run} "
+                    f"part{'' if self.parts_run == 1 else 's'} to share (a small corpus is one part per window)"
+                    if self.parts_run < self.workers_asked
+                    else "the others got no part before the work ran out"
+                )
+                engine += f"; {self.workers_asked} workers were asked for, but {why}"
         return (
             f"wrote {self.path} ({self.format}): {self.n_sentences:,} sentences, {self.n_tokens:,} tokens, "
             f"{self.n_rows:,} rows, {self.n_unique:,} distinct sentences, {_human_bytes(self.bytes)} "
