@@ -38,7 +38,12 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
 @click.option("--mix", default=None, help="Store one mixed vector per token: weights s0,s1,s2 of gamma * sum s_j h_j.")
 @click.option("--gamma", type=float, default=None, help="Scale of --mix (default 1).")
 @click.option("--mix-softmax", is_flag=True, help="--mix holds raw scalar-mix parameters: apply the softmax to them.")
-@click.option("--fp16", is_flag=True, help="Store float16 (mixing happens in float32 first). Default float32.")
+@click.option(
+    "--fp16",
+    is_flag=True,
+    help="Store float16 (half the bytes; mixing happens in float32 first). Storage only: the arithmetic is "
+    "--precision's. Default float32.",
+)
 @click.option(
     "--compression",
     default=None,

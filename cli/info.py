@@ -15,8 +15,12 @@ __all__ = ["info_command"]
 
 def _describe(path: Path) -> dict[str, Any]:
     from elmo_cache.store import load_progress, read_metadata, staging_path
+    from elmo_cache.store.format import BUILD_DIR, STAGING_SUFFIX
     from elmo_cache.store.lock import current_builder
 
+    if path.name.endswith(STAGING_SUFFIX) and (path / BUILD_DIR).is_dir():
+        # OUTPUT.partial is the staging of OUTPUT: report its build, not the empty metadata it holds.
+        path = path.with_name(path.name.removesuffix(STAGING_SUFFIX))
     meta = read_metadata(path) if path.exists() else None
     if meta is not None:
         return meta
