@@ -181,3 +181,22 @@ def test_export(tmp_path, corpus, tiny_encoder):
         assert json.loads(f["sentence_to_index"][0])[LINES[0].strip()] == "0"
     again = run("export", output, target)
     assert again.exit_code == 1 and "--overwrite" in again.stderr
+
+
+def test_progress_moves_while_a_window_is_encoded(tmp_path, tiny_encoder, monkeypatch):
+    import tqdm
+
+    updates: list[int] = []
+
+    class Recorder(tqdm.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm, "tqdm", Recorder)
+    lines = corpus_lines(40, seed=3) + ["", LINES[0]]
+    corpus = write_corpus(tmp_path / "c.txt", lines)
+    # One window of many small batches: the bar must move batch by batch, before the window is written.
+    options = BuildOptions(output=tmp_path / "c.zarr", batch_tokens=40, window_batches=1000, dedupe=True)
+    build(corpus, options, encoder=tiny_encoder)
+    assert len(updates) > 5 and sum(updates) == len(lines)

@@ -10,6 +10,7 @@ process encodes it, nor on what was encoded before: the local pipeline and the d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,9 +127,20 @@ class WindowEncoder:
         return rows, starts
 
     def encode(
-        self, tokens: list[list[str]], lengths: np.ndarray, offsets: np.ndarray, new: np.ndarray, rows_before: int
+        self,
+        tokens: list[list[str]],
+        lengths: np.ndarray,
+        offsets: np.ndarray,
+        new: np.ndarray,
+        rows_before: int,
+        progress: Callable[[int], None] | None = None,
     ) -> tuple[np.ndarray, int]:
-        """The rows of one window's ``new`` sentences from row ``rows_before`` on, and the tokens encoded."""
+        """The rows of one window's ``new`` sentences from row ``rows_before`` on, and the tokens encoded.
+
+        ``progress(n)`` is called after each encoder batch with the sentences it finished, and once
+        at the end with the window's sentences that needed no encoding (repeats, empty lines), so a
+        progress bar moves while a long window is encoded, not only when it is written.
+        """
         # The encoder caches char-CNN vectors per word, and a word's vector carries the last-bit
         # rounding of the batch it was first computed in. Starting every window with an empty
         # cache makes each window's vectors a function of the window alone, so a resumed build
@@ -151,4 +163,8 @@ class WindowEncoder:
                 vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
                 encoded += length
             start = stop
+            if progress is not None:
+                progress(len(batch))
+        if progress is not None and len(lengths) > len(todo):
+            progress(len(lengths) - len(todo))
         return vectors, encoded

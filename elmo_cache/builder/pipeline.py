@@ -169,10 +169,9 @@ class _WriterThread(threading.Thread):
                 self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens)
                 self._encoded_since += item.encoded_tokens
                 self.tokens += int(item.lengths.sum(dtype=np.int64))
-                if self.bar is not None:
+                if self.bar is not None:  # the count moves as sentences are encoded; this adds what is written
                     rate = self.tokens / max(1e-9, time.monotonic() - self.run_start)
-                    self.bar.set_postfix_str(f"{self.tokens:,} tokens, {rate:,.0f} tok/s", refresh=False)
-                    self.bar.update(len(item.lengths))
+                    self.bar.set_postfix_str(f"{self.tokens:,} tokens written, {rate:,.0f} tok/s")
                 if time.monotonic() - self._last_commit >= self.commit_seconds:
                     self._commit(False)
         except BaseException as exc:
@@ -184,9 +183,12 @@ class _WriterThread(threading.Thread):
                     break
 
 
-def _encode_window(encode: WindowEncoder, seen: SeenSentences | None, window: Window, rows_before: int) -> _Encoded:
+def _encode_window(
+    encode: WindowEncoder, seen: SeenSentences | None, window: Window, rows_before: int, bar: Any
+) -> _Encoded:
     offsets, new = assign_window(window, rows_before, seen)
-    vectors, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before)
+    progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
+    vectors, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before, progress)
     return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens)
 
 
@@ -367,7 +369,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
                     failure = item
                     break
                 try:
-                    encoded = _encode_window(encode, seen, item, rows)
+                    encoded = _encode_window(encode, seen, item, rows, bar)
                 except torch.cuda.OutOfMemoryError:
                     raise ElmoCacheError(
                         f"the device ran out of memory encoding lines {item.first_line + 1}-"
