@@ -28,6 +28,7 @@ __all__ = [
     "NotInCacheError",
     "AuthenticationError",
     "LiveTimeoutError",
+    "CacheTimeoutError",
 ]
 
 
@@ -120,3 +121,9 @@ class LiveTimeoutError(ServiceError, TimeoutError):
     """A live encoding waited (queued and encoding) longer than the service allows; retry later."""
 
     code = "live_timeout"
+
+
+class CacheTimeoutError(ServiceError, TimeoutError):
+    """Reading a request's answer from the cache (or writing it out) took longer than the service allows."""
+
+    code = "cache_timeout"

@@ -562,6 +562,8 @@ def test_every_limit_admits_its_own_value_and_is_shown(encoder):
         "max_wait_ms": 2.0,
         "queue_size": 64,
         "live_timeout_s": 60.0,
+        "max_response_bytes": 64 * 1024 * 1024,
+        "request_timeout_s": 30.0,
     }
 
 

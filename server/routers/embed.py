@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated, Any, Literal
 
@@ -13,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from elmo_cache.server.deps import ServiceDep, TimingsDep
 from elmo_cache.server.errors import error_responses
 from elmo_cache.server.formats import NPY_MEDIA_TYPE, NPZ_MEDIA_TYPE, Format, render_many, render_one
+from elmo_cache.server.service import EmbedService
+from elmo_cache.server.sizes import check_response_size
 
 __all__ = ["router", "EmbedRequest", "EmbedResult", "EmbedBatchResult"]
 
@@ -74,8 +75,8 @@ class EmbedRequest(BaseModel):
     format: Format = Field(Format.json, description=_FORMAT_DOC)
 
 
-_ERRORS = error_responses(401, 404, 413, 422, 429, 503)
-_POST_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
+_ERRORS = error_responses(401, 404, 413, 422, 429, 500, 503)
+_POST_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 500, 503)
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
@@ -83,12 +84,18 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _INLINE_NUMBERS = 16384
 
 
-async def _render(render, embeddings, *args) -> Response:
+async def _render(service: EmbedService, render, embeddings, *args) -> Response:
     items = embeddings if isinstance(embeddings, list) else [embeddings]
     if sum(e.vectors.size for e in items) <= _INLINE_NUMBERS:
         return render(embeddings, *args)
-    # Writing a big JSON or npz body takes milliseconds: keep it off the event loop.
-    return await asyncio.to_thread(render, embeddings, *args)
+    # Writing a big JSON or npz body takes milliseconds: keep it off the event loop, bounded in time.
+    return await service.pool.run(service.timeout_s, "writing the response", render, embeddings, *args)
+
+
+def _check_size(service: EmbedService, token_lists, selection, fmt: Format) -> None:
+    """413 before anything is read or encoded when the answer could pass ``max_response_bytes``."""
+    limit = service.settings.max_response_bytes
+    check_response_size(token_lists, selection, service.dim, service.dtype, fmt, limit)
 
 
 @router.get(
@@ -110,9 +117,10 @@ async def embed_one(
     """Answer from the cache when the sentence is there, else encode it live (404 with a cache alone)."""
     selection = service.resolve(layers, mix, gamma, softmax)
     token_lists = service.tokenize_all([sentence])
+    _check_size(service, token_lists, selection, format)
     [embedding] = await service.embed(token_lists, selection, timings)
     started = time.perf_counter()
-    response = await _render(render_one, embedding, selection, format)
+    response = await _render(service, render_one, embedding, selection, format)
     timings.add("serialize", time.perf_counter() - started)
     return response
 
@@ -127,8 +135,9 @@ async def embed_many(service: ServiceDep, timings: TimingsDep, body: EmbedReques
     """Same as ``GET /embed`` for every sentence of the body; misses of one request share live batches."""
     selection = service.resolve(body.layers, body.mix, body.gamma, body.softmax)
     token_lists = service.tokenize_all(body.sentences)
+    _check_size(service, token_lists, selection, body.format)
     embeddings = await service.embed(token_lists, selection, timings)
     started = time.perf_counter()
-    response = await _render(render_many, embeddings, selection, body.format)
+    response = await _render(service, render_many, embeddings, selection, body.format)
     timings.add("serialize", time.perf_counter() - started)
     return response
