@@ -133,7 +133,7 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
                 timeout_s=settings.live_timeout_s,
             )
             await batcher.start()
-        pool = ReadPool(settings.read_threads)
+        pool = app.state.read_pool = ReadPool(settings.read_threads)
         app.state.service = EmbedService(
             settings, app_metrics, cache=loaded_cache, encoder=loaded_encoder, batcher=batcher, pool=pool
         )
@@ -161,6 +161,7 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
     app.state.settings = settings
     app.state.metrics = app_metrics
     app.state.service = None
+    app.state.read_pool = None
     for exc_class in (*HANDLED, Exception):
         app.add_exception_handler(exc_class, error_handler)
     # Only a server with a key checks it: no dependency to solve per request otherwise, and the

@@ -13,6 +13,7 @@ import time
 import uuid
 
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from elmo_cache.server.errors import internal_error_body
@@ -22,6 +23,9 @@ from elmo_cache.server.service import Timings
 __all__ = ["BodyLimitMiddleware", "TimingMiddleware", "BodyTooLarge", "RequestIdMiddleware", "AllowMiddleware"]
 
 _log = logging.getLogger("elmo_cache.server")
+
+# Methods an ``Allow`` header may list (OPTIONS is answered here for every routed path).
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
 
 # An incoming X-Request-ID is kept only when it is short and plain (it goes into logs and headers).
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -87,31 +91,30 @@ class AllowMiddleware:
 
     @staticmethod
     def _methods(scope: Scope) -> list[str]:
-        app = scope.get("app")
-        found: set[str] = set()
-        for route in getattr(app, "routes", ()):
-            methods = getattr(route, "methods", None)
-            regex = getattr(route, "path_regex", None)
-            if methods and regex is not None and regex.match(scope["path"]):
-                found.update(methods)
+        """Every method some route answers at this path (asked through ``Route.matches``, public API)."""
+        routes = getattr(scope.get("app"), "routes", ())
+        found = {
+            method
+            for method in _METHODS
+            if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in routes)
+        }
         return sorted(found | {"OPTIONS"}) if found else []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        methods = self._methods(scope)
-        if not methods:
-            await self.app(scope, receive, send)
-            return
-        allow = ", ".join(methods).encode()
         if scope["method"] == "OPTIONS":
-            await send({"type": "http.response.start", "status": 204, "headers": [(b"allow", allow)]})
-            await send({"type": "http.response.body", "body": b""})
-            return
+            methods = self._methods(scope)
+            if methods:
+                allow = ", ".join(methods).encode()
+                await send({"type": "http.response.start", "status": 204, "headers": [(b"allow", allow)]})
+                await send({"type": "http.response.body", "body": b""})
+                return
 
         async def allow_send(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 405:
+                allow = ", ".join(self._methods(scope)).encode()
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
                 message = {**message, "headers": [*headers, (b"allow", allow)]}
             await send(message)
