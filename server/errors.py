@@ -133,11 +133,24 @@ def internal_error_body(exc: BaseException, request_id: str | None) -> dict[str,
     return {"code": code, "message": message, "request_id": request_id}
 
 
+# What the `layers` and `mix` patterns of the schema accept, in words.
+_PATTERN_MEANING = {
+    "layers": "a list of layer ids: comma-separated 0, 1 or 2, e.g. '1,2'; choose from [0, 1, 2]",
+    "mix": "three comma-separated numbers s0,s1,s2 (one weight per layer), e.g. '0.2,0.3,0.5'",
+}
+
+
 def _describe_validation(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
     details, parts = [], []
     for error in exc.errors():
-        where = ".".join(str(part) for part in error.get("loc", ()))
+        loc = error.get("loc", ())
+        where = ".".join(str(part) for part in loc)
         message = error.get("msg", "invalid")
+        if error.get("type") == "string_pattern_mismatch":
+            # The pattern itself says little to a person: say what it means.
+            field = next((part for part in reversed(loc) if part in _PATTERN_MEANING), None)
+            if field is not None:
+                message = f"{error.get('input')!r} is not {_PATTERN_MEANING[field]}"
         details.append({"loc": where, "message": message})
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or "invalid request", details

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from elmo_cache.server.deps import ServiceDep, TimingsDep
 from elmo_cache.server.errors import error_responses
@@ -31,6 +31,25 @@ _MIX_DOC = (
 )
 _GAMMA_DOC = "Scale applied after the weighted sum (default 1). Only with `mix`."
 _SOFTMAX_DOC = "Treat `mix` as raw ScalarMix parameters and apply a softmax to them first. Only with `mix`."
+_GET_RULES = (
+    " Rules across parameters that a query string cannot state in OpenAPI (422 `invalid_parameter`): not both "
+    "`layers` and `mix`; `gamma` and `softmax` only with `mix`; a mix whose result is not finite in the answer's "
+    "dtype is refused."
+)
+
+# Exactly what the parsers accept, so the schema refuses what the server would (ASCII digits and
+# spaces only: a regex's \d and \s differ between Python, Rust and ECMAScript).
+_FLOAT = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+MIX_PATTERN = rf"^ *{_FLOAT} *, *{_FLOAT} *, *{_FLOAT} *$"
+LAYERS_PATTERN = r"^ *[0-2] *(?:, *[0-2] *)*$"
+
+# Strict: a JSON body's `"1"` is not a layer nor `"true"` a boolean (the schema says so too).
+_Weight = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+_LayerId = Annotated[int, Field(strict=True, ge=0, le=2)]
+_LayersStr = Annotated[str, Field(pattern=LAYERS_PATTERN)]
+_LayersList = Annotated[list[_LayerId], Field(min_length=1)]
+_MixStr = Annotated[str, Field(pattern=MIX_PATTERN)]
+_MixList = Annotated[list[_Weight], Field(min_length=3, max_length=3)]
 _FORMAT_DOC = (
     "`json`: vectors as nested lists; `npy`: the raw array as a `.npy` file (`application/x-npy`; for POST a "
     "`.npz` of `arr_0`, `arr_1`, ... as `application/x-npz`), metadata in `X-Elmo-*` headers; `base64`: JSON whose "
@@ -61,18 +80,37 @@ class EmbedBatchResult(BaseModel):
 
 
 class EmbedRequest(BaseModel):
-    """Body of ``POST /embed``."""
+    """Body of ``POST /embed``: `layers` or `mix`, not both; `gamma` and `softmax` only with `mix`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # The rules across fields, in the schema too (JSON Schema 2020-12, as OpenAPI 3.1 uses).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {"required": ["layers", "mix"]},
+            "dependentRequired": {"gamma": ["mix"], "softmax": ["mix"]},
+        },
+    )
 
     sentences: list[str] = Field(
         min_length=1, description="sentences, each tokenised on whitespace (limits: see `GET /info`)"
     )
-    layers: str | list[int] | None = Field(None, description=_LAYERS_DOC)
-    mix: str | list[float] | None = Field(None, description=_MIX_DOC)
-    gamma: float | None = Field(None, description=_GAMMA_DOC)
-    softmax: bool = Field(False, description=_SOFTMAX_DOC)
+    layers: _LayersStr | _LayersList | None = Field(None, description=_LAYERS_DOC)
+    mix: _MixStr | _MixList | None = Field(None, description=_MIX_DOC)
+    gamma: _Weight | None = Field(None, description=_GAMMA_DOC)
+    softmax: Annotated[bool, Field(strict=True)] = Field(False, description=_SOFTMAX_DOC)
     format: Format = Field(Format.json, description=_FORMAT_DOC)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rules_across_fields(cls, data: Any) -> Any:
+        # By key, as the schema's `not`/`dependentRequired` say: `"layers": null` beside `mix` is refused too.
+        if isinstance(data, dict):
+            if "layers" in data and "mix" in data:
+                raise ValueError("layers and mix are exclusive: give one of them, not both")
+            for key in ("gamma", "softmax"):
+                if key in data and "mix" not in data:
+                    raise ValueError(f"{key} only applies with mix: drop it, or give mix")
+        return data
 
 
 _ERRORS = error_responses(401, 404, 413, 422, 429, 500, 503)
@@ -108,9 +146,13 @@ async def embed_one(
     service: ServiceDep,
     timings: TimingsDep,
     sentence: Annotated[str, Query(description="the sentence; tokens are separated by whitespace")],
-    layers: Annotated[str | None, Query(description=_LAYERS_DOC, examples=["0,1,2"])] = None,
-    mix: Annotated[str | None, Query(description=_MIX_DOC, examples=["0.2,0.3,0.5"])] = None,
-    gamma: Annotated[float | None, Query(description=_GAMMA_DOC)] = None,
+    layers: Annotated[
+        str | None, Query(description=_LAYERS_DOC + _GET_RULES, examples=["0,1,2"], pattern=LAYERS_PATTERN)
+    ] = None,
+    mix: Annotated[
+        str | None, Query(description=_MIX_DOC + _GET_RULES, examples=["0.2,0.3,0.5"], pattern=MIX_PATTERN)
+    ] = None,
+    gamma: Annotated[float | None, Query(description=_GAMMA_DOC + _GET_RULES, allow_inf_nan=False)] = None,
     softmax: Annotated[bool, Query(description=_SOFTMAX_DOC)] = False,
     format: Annotated[Format, Query(description=_FORMAT_DOC)] = Format.json,
 ) -> Response:
