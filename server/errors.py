@@ -136,7 +136,8 @@ def internal_error_body(exc: BaseException, request_id: str | None) -> dict[str,
 # What the `layers` and `mix` patterns of the schema accept, in words.
 _PATTERN_MEANING = {
     "layers": "a list of layer ids: comma-separated 0, 1 or 2, e.g. '1,2'; choose from [0, 1, 2]",
-    "mix": "three comma-separated numbers s0,s1,s2 (one weight per layer), e.g. '0.2,0.3,0.5'",
+    "mix": "three comma-separated numbers s0,s1,s2 (one weight per layer), e.g. '0.2,0.3,0.5' (plain "
+    "decimals of at most 20 digits before and after the point, exponents of at most 2 digits)",
 }
 
 

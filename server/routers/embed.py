@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from elmo_cache.server.deps import ServiceDep, TimingsDep
 from elmo_cache.server.errors import error_responses
@@ -38,14 +39,20 @@ _GET_RULES = (
 )
 
 # Exactly what the parsers accept, so the schema refuses what the server would (ASCII digits and
-# spaces only: a regex's \d and \s differ between Python, Rust and ECMAScript).
-_FLOAT = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+# spaces only: a regex's \d and \s differ between Python, Rust and ECMAScript). Digits are bounded
+# so that every matching number is finite in float64 (at most about 1e120): "1e400" would be inf.
+_FLOAT = r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?"
 MIX_PATTERN = rf"^ *{_FLOAT} *, *{_FLOAT} *, *{_FLOAT} *$"
 LAYERS_PATTERN = r"^ *[0-2] *(?:, *[0-2] *)*$"
 
 # Strict: a JSON body's `"1"` is not a layer nor `"true"` a boolean (the schema says so too).
 _Weight = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-_LayerId = Annotated[int, Field(strict=True, ge=0, le=2)]
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 1.0 as an integer; strict ints would not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_LayerId = Annotated[int, Field(strict=True, ge=0, le=2), BeforeValidator(_integral)]
 _LayersStr = Annotated[str, Field(pattern=LAYERS_PATTERN)]
 _LayersList = Annotated[list[_LayerId], Field(min_length=1)]
 _MixStr = Annotated[str, Field(pattern=MIX_PATTERN)]
@@ -95,7 +102,8 @@ class EmbedRequest(BaseModel):
         min_length=1, description="sentences, each tokenised on whitespace (limits: see `GET /info`)"
     )
     layers: _LayersStr | _LayersList | None = Field(None, description=_LAYERS_DOC)
-    mix: _MixStr | _MixList | None = Field(None, description=_MIX_DOC)
+    # Not nullable: `gamma`/`softmax` require the key `mix`, which must then hold a mix.
+    mix: _MixStr | _MixList | SkipJsonSchema[None] = Field(None, description=_MIX_DOC)
     gamma: _Weight | None = Field(None, description=_GAMMA_DOC)
     softmax: Annotated[bool, Field(strict=True)] = Field(False, description=_SOFTMAX_DOC)
     format: Format = Field(Format.json, description=_FORMAT_DOC)
@@ -105,6 +113,8 @@ class EmbedRequest(BaseModel):
     def _rules_across_fields(cls, data: Any) -> Any:
         # By key, as the schema's `not`/`dependentRequired` say: `"layers": null` beside `mix` is refused too.
         if isinstance(data, dict):
+            if "mix" in data and data["mix"] is None:
+                raise ValueError("mix: null is not a mix; leave mix out, or give three weights")
             if "layers" in data and "mix" in data:
                 raise ValueError("layers and mix are exclusive: give one of them, not both")
             for key in ("gamma", "softmax"):
