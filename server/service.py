@@ -17,7 +17,7 @@ always have the same shape and dtype:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,7 +216,7 @@ class EmbedService:
             raise self._overflow(selection, lambda sel: sel.apply_array(acts, self.dtype))
         return out
 
-    def _overflow(self, selection: Selection, compute) -> InvalidParameterError:
+    def _overflow(self, selection: Selection, compute: Callable[[Selection], np.ndarray]) -> InvalidParameterError:
         """Which of ``mix`` and ``gamma`` makes a mix of finite vectors overflow (the message names it)."""
         assert selection.mix is not None
         mix = selection.mix

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -10,6 +11,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from elmo_cache.selection import Selection
 from elmo_cache.server.deps import ServiceDep, TimingsDep
 from elmo_cache.server.errors import error_responses
 from elmo_cache.server.formats import NPY_MEDIA_TYPE, NPZ_MEDIA_TYPE, Format, render_many, render_one
@@ -47,6 +49,8 @@ LAYERS_PATTERN = r"^ *[0-2] *(?:, *[0-2] *)*$"
 
 # Strict: a JSON body's `"1"` is not a layer nor `"true"` a boolean (the schema says so too).
 _Weight = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
 def _integral(value: Any) -> Any:
     # JSON Schema counts 1.0 as an integer; strict ints would not.
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -132,7 +136,7 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _INLINE_NUMBERS = 16384
 
 
-async def _render(service: EmbedService, render, embeddings, *args) -> Response:
+async def _render(service: EmbedService, render: Callable[..., Response], embeddings: Any, *args: Any) -> Response:
     items = embeddings if isinstance(embeddings, list) else [embeddings]
     if sum(e.vectors.size for e in items) <= _INLINE_NUMBERS:
         return render(embeddings, *args)
@@ -140,7 +144,7 @@ async def _render(service: EmbedService, render, embeddings, *args) -> Response:
     return await service.pool.run(service.timeout_s, "writing the response", render, embeddings, *args)
 
 
-def _check_size(service: EmbedService, token_lists, selection, fmt: Format) -> None:
+def _check_size(service: EmbedService, token_lists: list[list[str]], selection: Selection, fmt: Format) -> None:
     """413 before anything is read or encoded when the answer could pass ``max_response_bytes``."""
     limit = service.settings.max_response_bytes
     check_response_size(token_lists, selection, service.dim, service.dtype, fmt, limit)
