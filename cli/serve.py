@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
+from typing import Any
 
 import click
 
-__all__ = ["serve_command"]
+__all__ = ["serve_command", "run_server"]
 
 
 @click.command("serve")
@@ -37,6 +40,25 @@ __all__ = ["serve_command"]
     help="Seconds a live request may wait for its answer (queue included); longer ones get 503 "
     "'live_timeout'. 0: no limit. [default: 60]",
 )
+@click.option(
+    "--max-response-bytes",
+    type=int,
+    help="Refuse requests whose answer could be bigger, before reading or encoding (413). [default: 67108864]",
+)
+@click.option(
+    "--request-timeout",
+    "request_timeout_s",
+    type=float,
+    help="Seconds a request's cache read (or response write) may take; longer ones get 503 'cache_timeout'. "
+    "0: no limit. [default: 30]",
+)
+@click.option("--read-threads", type=int, help="Threads for cache reads and response writing. [default: 4]")
+@click.option(
+    "--graceful-timeout",
+    "graceful_timeout_s",
+    type=float,
+    help="On SIGTERM/SIGINT, seconds requests in flight get to finish before the server exits. [default: 10]",
+)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
 def serve_command(cache: Path | None, **flags) -> None:
@@ -52,13 +74,10 @@ def serve_command(cache: Path | None, **flags) -> None:
     loaded before the server starts listening, so a mistake is reported at once.
     Docs of the HTTP API: http://HOST:PORT/docs once it runs.
     """
-    import uvicorn
-
-    from elmo_cache.server import create_app, load_resources, load_settings
+    from elmo_cache.server import load_resources, load_settings
 
     settings = load_settings(cache_path=cache, **flags)
     encoder, store = load_resources(settings)
-    app = create_app(settings, encoder=encoder, cache=store)
     what = " and ".join(
         part
         for part in (
@@ -68,13 +87,31 @@ def serve_command(cache: Path | None, **flags) -> None:
         if part
     ) + ("" if encoder is not None else " only (no live encodings)")
     click.echo(f"elmo-cache: serving {what} on http://{settings.host}:{settings.port}", err=True)
+    run_server(settings, encoder=encoder, cache=store)
+
+
+def run_server(settings: Any, *, encoder: Any = None, cache: Any = None) -> None:
+    """Serve with uvicorn until SIGTERM/SIGINT, then drain for ``graceful_timeout_s`` and return.
+
+    uvicorn stops accepting, lets requests in flight finish for ``graceful_timeout_s``, then
+    cancels the rest. A cache read stuck in a pool thread (a dead disk) does not hold the process:
+    the pool's threads are daemons, and the cache is then left open rather than unmapped under it.
+    """
+    import uvicorn
+
+    from elmo_cache.server import create_app
+
+    app = create_app(settings, encoder=encoder, cache=cache)
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=math.ceil(settings.graceful_timeout_s),
     )
-    if store is not None and hasattr(store, "close"):
-        store.close()
+    pool = getattr(app.state, "read_pool", None)
+    if pool is not None and pool.busy:
+        logging.getLogger("elmo_cache.server").warning("exiting with %d cache read(s) stuck", pool.busy)
+    elif cache is not None and hasattr(cache, "close"):
+        cache.close()

@@ -29,6 +29,7 @@ __all__ = [
     "AuthenticationError",
     "LiveTimeoutError",
     "OutputLockedError",
+    "CacheTimeoutError",
 ]
 
 
@@ -125,3 +126,9 @@ class LiveTimeoutError(ServiceError, TimeoutError):
 
 class OutputLockedError(ElmoCacheError, BlockingIOError):
     """Another live build holds the output's lock (the message names its pid and host)."""
+
+
+class CacheTimeoutError(ServiceError, TimeoutError):
+    """Reading a request's answer from the cache (or writing it out) took longer than the service allows."""
+
+    code = "cache_timeout"

@@ -26,10 +26,11 @@ from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.deps import require_api_key
 from elmo_cache.server.errors import HANDLED, error_handler
 from elmo_cache.server.metrics import Metrics
-from elmo_cache.server.middleware import BodyLimitMiddleware, TimingMiddleware
+from elmo_cache.server.middleware import AllowMiddleware, BodyLimitMiddleware, RequestIdMiddleware, TimingMiddleware
 from elmo_cache.server.routers import embed, health, info, metrics
 from elmo_cache.server.service import EmbedService
 from elmo_cache.server.settings import Settings, load_settings
+from elmo_cache.server.workers import ReadPool
 
 __all__ = ["create_app", "load_resources", "check_compatible"]
 
@@ -38,7 +39,8 @@ _log = logging.getLogger("elmo_cache.server")
 _DESCRIPTION = """\
 Contextual ELMo vectors, answered from a precomputed elmo-cache store when the
 sentence is there and encoded live (batched across concurrent requests) when a
-model is loaded. Every error is JSON: `{"error": {"code": ..., "message": ...}}`.
+model is loaded. Every error is JSON: `{"error": {"code": ..., "message": ..., "request_id": ...}}`;
+every response carries `X-Request-ID` (yours when you send a plain one), and every 5xx `Connection: close`.
 """
 
 
@@ -131,17 +133,23 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
                 timeout_s=settings.live_timeout_s,
             )
             await batcher.start()
+        pool = app.state.read_pool = ReadPool(settings.read_threads)
         app.state.service = EmbedService(
-            settings, app_metrics, cache=loaded_cache, encoder=loaded_encoder, batcher=batcher
+            settings, app_metrics, cache=loaded_cache, encoder=loaded_encoder, batcher=batcher, pool=pool
         )
         try:
             yield
         finally:
             app.state.service = None
+            pool.close()
             if batcher is not None:
                 await batcher.close()
-            # Close only what this lifespan opened; injected objects belong to the caller.
-            if cache is None and loaded_cache is not None and hasattr(loaded_cache, "close"):
+            # Close only what this lifespan opened; injected objects belong to the caller. Never under
+            # a read still stuck in a pool thread: unmapping its memory would crash the process.
+            stuck = pool.busy
+            if stuck:
+                _log.warning("%d cache read(s) still stuck at shutdown; the cache is left open", stuck)
+            elif cache is None and loaded_cache is not None and hasattr(loaded_cache, "close"):
                 loaded_cache.close()
 
     app = FastAPI(
@@ -153,6 +161,7 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
     app.state.settings = settings
     app.state.metrics = app_metrics
     app.state.service = None
+    app.state.read_pool = None
     for exc_class in (*HANDLED, Exception):
         app.add_exception_handler(exc_class, error_handler)
     # Only a server with a key checks it: no dependency to solve per request otherwise, and the
@@ -161,7 +170,10 @@ def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: 
     app.include_router(health.router)
     for module in (embed, info, metrics):
         app.include_router(module.router, dependencies=auth)
-    # Added last = outermost: timing sees every response, including early 413s.
+    # Added last = outermost: timing sees every response, including early 413s and OPTIONS; the
+    # request id is given first and catches whatever escapes the rest.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowMiddleware)
     app.add_middleware(TimingMiddleware, metrics=app_metrics)
+    app.add_middleware(RequestIdMiddleware)
     return app

@@ -51,6 +51,13 @@ class _Job:
         return sum(len(tokens) for tokens in self.sentences)
 
 
+@dataclass
+class _Failed:
+    """What a job's ``finish`` raised, carried back to that job's request alone."""
+
+    error: Exception
+
+
 class LiveBatcher:
     """Gathers live-encoding requests into encoder batches (see the module docstring)."""
 
@@ -193,7 +200,11 @@ class LiveBatcher:
                         job.future.set_exception(exc)
                 continue
             for job, result in zip(jobs, results):
-                if not job.future.done():
+                if job.future.done():
+                    continue
+                if isinstance(result, _Failed):
+                    job.future.set_exception(result.error)
+                else:
                     job.future.set_result(result)
 
     def _encode_jobs(self, jobs: list[_Job]) -> list[Any]:
@@ -216,7 +227,11 @@ class LiveBatcher:
             for job in jobs:
                 stop = start + len(job.sentences)
                 job.encoded = encoded
-                results.append(job.finish(arrays[start:stop]))
+                # One request's bad answer (e.g. a mix that overflows) fails that request only.
+                try:
+                    results.append(job.finish(arrays[start:stop]))
+                except Exception as exc:
+                    results.append(_Failed(exc))
                 start = stop
         return results
 

@@ -1,21 +1,125 @@
-"""ASGI middleware: request body limit, timing headers and request metrics.
+"""ASGI middleware: request ids and 5xx hygiene, ``Allow``/``OPTIONS``, request body limit, timing and metrics.
 
-Both are plain ASGI (not ``BaseHTTPMiddleware``) so responses stream through
+All are plain ASGI (not ``BaseHTTPMiddleware``) so responses stream through
 untouched and the overhead per request stays in microseconds.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
+import uuid
 
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from elmo_cache.server.errors import internal_error_body
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.service import Timings
 
-__all__ = ["BodyLimitMiddleware", "TimingMiddleware", "BodyTooLarge"]
+__all__ = ["BodyLimitMiddleware", "TimingMiddleware", "BodyTooLarge", "RequestIdMiddleware", "AllowMiddleware"]
+
+_log = logging.getLogger("elmo_cache.server")
+
+# Methods an ``Allow`` header may list (OPTIONS is answered here for every routed path).
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+# An incoming X-Request-ID is kept only when it is short and plain (it goes into logs and headers).
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+class RequestIdMiddleware:
+    """Gives every request an id, echoed as ``X-Request-ID``; makes every 5xx close its connection.
+
+    The outermost middleware, so it also catches what nothing else did: an exception escaping
+    the app becomes a 500 with a stable code and the request id (the exception, with its
+    traceback, goes to the log) instead of Starlette's plain-text 500 followed by uvicorn
+    dropping the connection under a client that may already be reusing it.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((value for name, value in scope.get("headers", ()) if name == b"x-request-id"), b"")
+        text = given.decode("latin-1")
+        request_id = text if _REQUEST_ID.fullmatch(text) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def tagged_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                headers.append((b"x-request-id", request_id.encode()))
+                # A client must not send its next request on this connection: the server may be in
+                # trouble, and after an exception uvicorn closes the connection anyway.
+                if message["status"] >= 500 and not any(k.lower() == b"connection" for k, _ in headers):
+                    headers.append((b"connection", b"close"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tagged_send)
+        except Exception as exc:
+            _log.error("request %s failed: %s", request_id, exc, exc_info=exc)
+            if started:
+                raise  # half a response is out: only dropping the connection can tell the client
+            body = json.dumps({"error": internal_error_body(exc, request_id)}).encode()
+            await tagged_send(
+                {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]}
+            )
+            await tagged_send({"type": "http.response.body", "body": body})
+
+
+class AllowMiddleware:
+    """``OPTIONS`` answers with every method of the path, and a 405's ``Allow`` lists them all.
+
+    Starlette stops at the first route whose path matches, so with GET and POST on ``/embed`` as
+    two routes it answered ``Allow: GET`` to OPTIONS and to a wrong method.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    @staticmethod
+    def _methods(scope: Scope) -> list[str]:
+        """Every method some route answers at this path (asked through ``Route.matches``, public API)."""
+        routes = getattr(scope.get("app"), "routes", ())
+        found = {
+            method
+            for method in _METHODS
+            if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in routes)
+        }
+        return sorted(found | {"OPTIONS"}) if found else []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "OPTIONS":
+            methods = self._methods(scope)
+            if methods:
+                allow = ", ".join(methods).encode()
+                await send({"type": "http.response.start", "status": 204, "headers": [(b"allow", allow)]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+
+        async def allow_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                allow = ", ".join(self._methods(scope)).encode()
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                message = {**message, "headers": [*headers, (b"allow", allow)]}
+            await send(message)
+
+        await self.app(scope, receive, allow_send)
 
 
 class BodyTooLarge(HTTPException):

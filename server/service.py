@@ -16,19 +16,19 @@ always have the same shape and dtype:
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import InvalidParameterError, LimitExceededError, NotInCacheError
-from elmo_cache.selection import ALL_LAYERS, Selection
+from elmo_cache.errors import CacheFormatError, InvalidParameterError, LimitExceededError, NotInCacheError
+from elmo_cache.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.settings import Settings
+from elmo_cache.server.workers import ReadPool
 from elmo_cache.text.tokenize import sentence_key, tokenize
 
 __all__ = ["Embedding", "EmbedService", "Timings"]
@@ -53,10 +53,6 @@ class Timings:
         self.parts[name] = self.parts.get(name, 0.0) + seconds
 
 
-# Most sentences of one request looked up in the event loop (uncompressed stores only).
-_INLINE_LOOKUPS = 8
-
-
 class EmbedService:
     """Answers embedding requests from a cache and/or a live encoder (see the module docstring)."""
 
@@ -68,6 +64,7 @@ class EmbedService:
         cache: Any | None = None,
         encoder: Any | None = None,
         batcher: LiveBatcher | None = None,
+        pool: ReadPool | None = None,
     ) -> None:
         if cache is None and encoder is None:
             raise InvalidParameterError("the server needs a cache, a model, or both")
@@ -76,19 +73,16 @@ class EmbedService:
         self.cache = cache
         self.encoder = encoder
         self.batcher = batcher
+        # Cache reads run here, never in the event loop: a memory-mapped page may sit on a slow or dead disk.
+        self.pool = pool if pool is not None else ReadPool(settings.read_threads)
         self.kind = getattr(cache, "kind", None)
         # What the cache stores (None without a cache).
         self.stored: Selection | None = None
-        self._inline_lookups = False
         if cache is not None:
             metadata = cache.metadata
             self.stored = Selection.from_metadata(metadata)
             self.dtype = np.dtype(cache.dtype)
             self.dim = int(metadata["dim"])
-            # Uncompressed stores are memory-mapped: a lookup is a hash, a binary search and a view
-            # (microseconds), cheaper in the event loop than a thread hop. Compressed zarr chunks
-            # must be decoded (milliseconds), so those lookups go to a thread.
-            self._inline_lookups = metadata.get("compression") in (None, "none")
         else:
             self.dtype = np.dtype(np.float32)
             self.dim = int(encoder.output_dim)
@@ -141,10 +135,7 @@ class EmbedService:
         if self.cache is not None:
             t0 = time.perf_counter()
             if self._cache_can_serve(selection):
-                if self._inline_lookups and len(token_lists) <= _INLINE_LOOKUPS:
-                    answers = self._lookup(token_lists, selection)
-                else:
-                    answers = await asyncio.to_thread(self._lookup, token_lists, selection)
+                answers = await self.pool.run(self.timeout_s, "reading the cache", self._lookup, token_lists, selection)
             timings.add("cache", time.perf_counter() - t0)
             hits = sum(answer is not None for answer in answers)
             self.metrics.cache_hits.inc(hits)
@@ -193,14 +184,53 @@ class EmbedService:
             out.append(None if index is None else self.finish_cached(self.cache[index], selection))
         return out
 
+    @property
+    def timeout_s(self) -> float | None:
+        """Longest wait for one request's cache read or response write (None: no limit)."""
+        return self.settings.request_timeout_s or None
+
     def finish_cached(self, stored: np.ndarray, selection: Selection) -> np.ndarray:
-        """A cached sentence in the asked form: (n_layers, n_tokens, dim) layers, or (n_tokens, dim) mix."""
+        """A cached sentence in the asked form: (n_layers, n_tokens, dim) layers, or (n_tokens, dim) mix.
+
+        Never a wrong vector: a non-finite answer is refused, as the mix's fault (422) when the
+        stored row is finite, else as a damaged cache. Checking also reads every page of the row
+        here, in a pool thread, rather than later while the response is written.
+        """
         assert self.stored is not None
-        return selection.extract(self.stored, stored, self.dtype)
+        out = selection.extract(self.stored, stored, self.dtype)
+        if not np.isfinite(out).all():
+            if not np.isfinite(stored).all():
+                raise CacheFormatError("the cache holds non-finite values (NaN or infinity) in a requested row")
+            raise self._overflow(selection, lambda sel: sel.extract(self.stored, stored, self.dtype))
+        return out
 
     def finish_live(self, acts: np.ndarray, selection: Selection) -> np.ndarray:
-        """An encoder output (3, n_tokens, dim) float32 in the asked form and dtype."""
-        return selection.apply_array(acts, self.dtype)
+        """An encoder output (3, n_tokens, dim) float32 in the asked form and dtype (non-finite refused)."""
+        out = selection.apply_array(acts, self.dtype)
+        if not np.isfinite(out).all():
+            if selection.mix is None or not np.isfinite(acts).all():
+                # Not the client's doing: the model's own output, or its cast to the cache's dtype, overflows.
+                raise ArithmeticError(
+                    f"live vectors are not finite in {self.dtype.name} (model output finite: {np.isfinite(acts).all()})"
+                )
+            raise self._overflow(selection, lambda sel: sel.apply_array(acts, self.dtype))
+        return out
+
+    def _overflow(self, selection: Selection, compute: Callable[[Selection], np.ndarray]) -> InvalidParameterError:
+        """Which of ``mix`` and ``gamma`` makes a mix of finite vectors overflow (the message names it)."""
+        assert selection.mix is not None
+        mix = selection.mix
+        unscaled = Selection(layers=None, mix=MixSpec(weights=mix.weights, gamma=1.0, raw=mix.raw))
+        where = f"{self.dtype.name}" + ("" if self.dtype == np.float32 else " (the dtype of this server's answers)")
+        if mix.gamma != 1.0 and np.isfinite(compute(unscaled)).all():
+            return InvalidParameterError(
+                f"gamma: {mix.gamma:g} makes the mixed vectors overflow {where} (the result is not finite); "
+                "use a smaller gamma"
+            )
+        return InvalidParameterError(
+            f"mix: the weights {list(mix.weights)} make the mixed vectors overflow {where} (the result is not "
+            "finite); use smaller weights"
+        )
 
     def _empty(self, selection: Selection) -> np.ndarray:
         return np.zeros(selection.vector_shape(0, self.dim), dtype=self.dtype)

@@ -55,6 +55,23 @@ class Settings(BaseSettings):
     live_timeout_s: float = Field(
         60.0, ge=0, le=86_400, description="longest wait for a live answer, queue included (s); 0: no limit"
     )
+    # Estimated from the answer's shapes and format before anything is read or encoded (413 beyond it):
+    # a small request can ask for a very large answer (many long sentences, all layers, JSON text).
+    max_response_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="largest response body in bytes, estimated before it is built"
+    )
+    # Cache reads and response writing run in worker threads; a request whose read or write takes
+    # longer answers 503 `cache_timeout` (a stuck disk must not hold the client forever). 0: no limit.
+    request_timeout_s: float = Field(
+        30.0, ge=0, le=86_400, description="longest cache read + response write of one request (s); 0: no limit"
+    )
+    # Bounded: stuck reads (a dead network disk) can hold at most this many threads; the event loop,
+    # /health and live requests never wait for them.
+    read_threads: int = Field(4, ge=1, le=256, description="worker threads for cache reads and response writing")
+    # On SIGTERM/SIGINT, requests in flight get this long to finish before the server exits anyway.
+    graceful_timeout_s: float = Field(
+        10.0, ge=0, le=3_600, description="longest wait for requests in flight on shutdown (s)"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     access_log: bool = Field(True, description="log one line per request")
 
@@ -81,6 +98,8 @@ class Settings(BaseSettings):
             "max_wait_ms": self.max_wait_ms,
             "queue_size": self.queue_size,
             "live_timeout_s": self.live_timeout_s,
+            "max_response_bytes": self.max_response_bytes,
+            "request_timeout_s": self.request_timeout_s,
         }
 
 

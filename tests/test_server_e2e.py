@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -126,3 +127,108 @@ def test_serve_reports_mistakes_plainly(tmp_path, monkeypatch):
     result = runner.invoke(cli, ["serve", str(tmp_path / "absent.zarr")])
     assert result.exit_code == 1 and "ELMO_CACHE_PORT" in result.output
     assert "Traceback" not in result.output
+
+
+# A real cache served by `run_server` (what `elmo-cache serve` runs) in a subprocess, whose reads of
+# "boom" fail with a path in the message and of "hang" block forever (a dead disk).
+_WRAPPED_SERVER = """
+import pathlib, sys, threading
+import elmo_cache
+from elmo_cache.cli.serve import run_server
+from elmo_cache.server import load_settings
+
+cache_path, port, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+
+class Wrapped:
+    def __init__(self, cache):
+        self._cache, self.metadata, self.dtype = cache, cache.metadata, cache.dtype
+    def __len__(self):
+        return len(self._cache)
+    def find(self, tokens):
+        return self._cache.find(tokens)
+    def __getitem__(self, index):
+        line = " ".join(self._cache.tokens(index))
+        if line == "boom":
+            raise OSError(5, "Input/output error", "/srv/secret/vectors/c/0")
+        if line == "hang":
+            marker.write_text("stuck")
+            threading.Event().wait()
+        return self._cache[index]
+
+settings = load_settings(port=port, graceful_timeout_s=1, request_timeout_s=120, log_level="warning", access_log=False)
+run_server(settings, cache=Wrapped(elmo_cache.open(cache_path)))
+"""
+
+
+@pytest.fixture()
+def wrapped_server(tmp_path, tiny_model):
+    from elmo_cache.builder import BuildOptions, build
+
+    encoder = elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("boom\nhang\nfine line\n", encoding="utf-8")
+    build(corpus, BuildOptions(output=tmp_path / "c.zarr", device="cpu", progress=False), encoder=encoder)
+    (tmp_path / "server.py").write_text(_WRAPPED_SERVER, encoding="utf-8")
+    port = _free_port()
+    marker = tmp_path / "stuck"
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "server.py"), str(tmp_path / "c.zarr"), str(port), str(marker)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(proc, url)
+        yield proc, url, marker
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        proc.stderr.close()
+
+
+def test_a_500_closes_its_connection_and_the_next_pooled_request_succeeds(wrapped_server):
+    _, url, _ = wrapped_server
+    with httpx.Client(base_url=url, timeout=10.0) as client:  # one pooled keep-alive connection
+        for _ in range(5):
+            failed = client.get("/embed", params={"sentence": "boom"})
+            assert failed.status_code == 500 and failed.headers["connection"] == "close"
+            error = failed.json()["error"]
+            assert error["code"] == "internal_error" and error["request_id"] == failed.headers["x-request-id"]
+            assert "secret" not in failed.text and "Errno" not in failed.text
+            fine = client.get("/embed", params={"sentence": "fine line"})
+            assert fine.status_code == 200 and fine.json()["source"] == "cache"
+            assert fine.headers.get("connection") != "close"
+
+
+def test_sigterm_exits_promptly_while_a_read_is_stuck(wrapped_server):
+    proc, url, marker = wrapped_server
+    outcome: list = []
+
+    def stuck_request() -> None:
+        try:
+            outcome.append(httpx.get(f"{url}/embed", params={"sentence": "hang"}, timeout=30.0).status_code)
+        except httpx.TransportError as exc:
+            outcome.append(type(exc).__name__)
+
+    client = threading.Thread(target=stuck_request, daemon=True)
+    client.start()
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the read never started"
+    # The read is stuck in a worker thread: the server still answers.
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{url}/embed", params={"sentence": "fine line"}, timeout=5).status_code == 200
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server ignored SIGTERM with a read stuck")
+    took = time.monotonic() - started
+    client.join(timeout=10)
+    # graceful_timeout_s=1: a second of drain, then the stuck request is cancelled and the process ends.
+    assert took < 8, took
+    assert proc.returncode in (0, -signal.SIGTERM), proc.returncode
+    assert outcome, "the stuck client never returned"

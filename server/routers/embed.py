@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
+from elmo_cache.selection import Selection
 from elmo_cache.server.deps import ServiceDep, TimingsDep
 from elmo_cache.server.errors import error_responses
 from elmo_cache.server.formats import NPY_MEDIA_TYPE, NPZ_MEDIA_TYPE, Format, render_many, render_one
+from elmo_cache.server.service import EmbedService
+from elmo_cache.server.sizes import check_response_size
 
 __all__ = ["router", "EmbedRequest", "EmbedResult", "EmbedBatchResult"]
 
@@ -30,6 +34,33 @@ _MIX_DOC = (
 )
 _GAMMA_DOC = "Scale applied after the weighted sum (default 1). Only with `mix`."
 _SOFTMAX_DOC = "Treat `mix` as raw ScalarMix parameters and apply a softmax to them first. Only with `mix`."
+_GET_RULES = (
+    " Rules across parameters that a query string cannot state in OpenAPI (422 `invalid_parameter`): not both "
+    "`layers` and `mix`; `gamma` and `softmax` only with `mix`; a mix whose result is not finite in the answer's "
+    "dtype is refused."
+)
+
+# Exactly what the parsers accept, so the schema refuses what the server would (ASCII digits and
+# spaces only: a regex's \d and \s differ between Python, Rust and ECMAScript). Digits are bounded
+# so that every matching number is finite in float64 (at most about 1e120): "1e400" would be inf.
+_FLOAT = r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?"
+MIX_PATTERN = rf"^ *{_FLOAT} *, *{_FLOAT} *, *{_FLOAT} *$"
+LAYERS_PATTERN = r"^ *[0-2] *(?:, *[0-2] *)*$"
+
+# Strict: a JSON body's `"1"` is not a layer nor `"true"` a boolean (the schema says so too).
+_Weight = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 1.0 as an integer; strict ints would not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_LayerId = Annotated[int, Field(strict=True, ge=0, le=2), BeforeValidator(_integral)]
+_LayersStr = Annotated[str, Field(pattern=LAYERS_PATTERN)]
+_LayersList = Annotated[list[_LayerId], Field(min_length=1)]
+_MixStr = Annotated[str, Field(pattern=MIX_PATTERN)]
+_MixList = Annotated[list[_Weight], Field(min_length=3, max_length=3)]
 _FORMAT_DOC = (
     "`json`: vectors as nested lists; `npy`: the raw array as a `.npy` file (`application/x-npy`; for POST a "
     "`.npz` of `arr_0`, `arr_1`, ... as `application/x-npz`), metadata in `X-Elmo-*` headers; `base64`: JSON whose "
@@ -60,22 +91,44 @@ class EmbedBatchResult(BaseModel):
 
 
 class EmbedRequest(BaseModel):
-    """Body of ``POST /embed``."""
+    """Body of ``POST /embed``: `layers` or `mix`, not both; `gamma` and `softmax` only with `mix`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # The rules across fields, in the schema too (JSON Schema 2020-12, as OpenAPI 3.1 uses).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {"required": ["layers", "mix"]},
+            "dependentRequired": {"gamma": ["mix"], "softmax": ["mix"]},
+        },
+    )
 
     sentences: list[str] = Field(
         min_length=1, description="sentences, each tokenised on whitespace (limits: see `GET /info`)"
     )
-    layers: str | list[int] | None = Field(None, description=_LAYERS_DOC)
-    mix: str | list[float] | None = Field(None, description=_MIX_DOC)
-    gamma: float | None = Field(None, description=_GAMMA_DOC)
-    softmax: bool = Field(False, description=_SOFTMAX_DOC)
+    layers: _LayersStr | _LayersList | None = Field(None, description=_LAYERS_DOC)
+    # Not nullable: `gamma`/`softmax` require the key `mix`, which must then hold a mix.
+    mix: _MixStr | _MixList | SkipJsonSchema[None] = Field(None, description=_MIX_DOC)
+    gamma: _Weight | None = Field(None, description=_GAMMA_DOC)
+    softmax: Annotated[bool, Field(strict=True)] = Field(False, description=_SOFTMAX_DOC)
     format: Format = Field(Format.json, description=_FORMAT_DOC)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rules_across_fields(cls, data: Any) -> Any:
+        # By key, as the schema's `not`/`dependentRequired` say: `"layers": null` beside `mix` is refused too.
+        if isinstance(data, dict):
+            if "mix" in data and data["mix"] is None:
+                raise ValueError("mix: null is not a mix; leave mix out, or give three weights")
+            if "layers" in data and "mix" in data:
+                raise ValueError("layers and mix are exclusive: give one of them, not both")
+            for key in ("gamma", "softmax"):
+                if key in data and "mix" not in data:
+                    raise ValueError(f"{key} only applies with mix: drop it, or give mix")
+        return data
 
-_ERRORS = error_responses(401, 404, 413, 422, 429, 503)
-_POST_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
+
+_ERRORS = error_responses(401, 404, 413, 422, 429, 500, 503)
+_POST_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 500, 503)
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
@@ -83,12 +136,18 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _INLINE_NUMBERS = 16384
 
 
-async def _render(render, embeddings, *args) -> Response:
+async def _render(service: EmbedService, render: Callable[..., Response], embeddings: Any, *args: Any) -> Response:
     items = embeddings if isinstance(embeddings, list) else [embeddings]
     if sum(e.vectors.size for e in items) <= _INLINE_NUMBERS:
         return render(embeddings, *args)
-    # Writing a big JSON or npz body takes milliseconds: keep it off the event loop.
-    return await asyncio.to_thread(render, embeddings, *args)
+    # Writing a big JSON or npz body takes milliseconds: keep it off the event loop, bounded in time.
+    return await service.pool.run(service.timeout_s, "writing the response", render, embeddings, *args)
+
+
+def _check_size(service: EmbedService, token_lists: list[list[str]], selection: Selection, fmt: Format) -> None:
+    """413 before anything is read or encoded when the answer could pass ``max_response_bytes``."""
+    limit = service.settings.max_response_bytes
+    check_response_size(token_lists, selection, service.dim, service.dtype, fmt, limit)
 
 
 @router.get(
@@ -101,18 +160,23 @@ async def embed_one(
     service: ServiceDep,
     timings: TimingsDep,
     sentence: Annotated[str, Query(description="the sentence; tokens are separated by whitespace")],
-    layers: Annotated[str | None, Query(description=_LAYERS_DOC, examples=["0,1,2"])] = None,
-    mix: Annotated[str | None, Query(description=_MIX_DOC, examples=["0.2,0.3,0.5"])] = None,
-    gamma: Annotated[float | None, Query(description=_GAMMA_DOC)] = None,
+    layers: Annotated[
+        str | None, Query(description=_LAYERS_DOC + _GET_RULES, examples=["0,1,2"], pattern=LAYERS_PATTERN)
+    ] = None,
+    mix: Annotated[
+        str | None, Query(description=_MIX_DOC + _GET_RULES, examples=["0.2,0.3,0.5"], pattern=MIX_PATTERN)
+    ] = None,
+    gamma: Annotated[float | None, Query(description=_GAMMA_DOC + _GET_RULES, allow_inf_nan=False)] = None,
     softmax: Annotated[bool, Query(description=_SOFTMAX_DOC)] = False,
     format: Annotated[Format, Query(description=_FORMAT_DOC)] = Format.json,
 ) -> Response:
     """Answer from the cache when the sentence is there, else encode it live (404 with a cache alone)."""
     selection = service.resolve(layers, mix, gamma, softmax)
     token_lists = service.tokenize_all([sentence])
+    _check_size(service, token_lists, selection, format)
     [embedding] = await service.embed(token_lists, selection, timings)
     started = time.perf_counter()
-    response = await _render(render_one, embedding, selection, format)
+    response = await _render(service, render_one, embedding, selection, format)
     timings.add("serialize", time.perf_counter() - started)
     return response
 
@@ -127,8 +191,9 @@ async def embed_many(service: ServiceDep, timings: TimingsDep, body: EmbedReques
     """Same as ``GET /embed`` for every sentence of the body; misses of one request share live batches."""
     selection = service.resolve(body.layers, body.mix, body.gamma, body.softmax)
     token_lists = service.tokenize_all(body.sentences)
+    _check_size(service, token_lists, selection, body.format)
     embeddings = await service.embed(token_lists, selection, timings)
     started = time.perf_counter()
-    response = await _render(render_many, embeddings, selection, body.format)
+    response = await _render(service, render_many, embeddings, selection, body.format)
     timings.add("serialize", time.perf_counter() - started)
     return response
