@@ -54,6 +54,11 @@ __all__ = ["serve_command", "run_server"]
 )
 @click.option("--read-threads", type=int, help="Threads for cache reads and response writing. [default: 4]")
 @click.option(
+    "--threads",
+    type=int,
+    help="CPU threads of the encoder. [default: the CPUs this process may use: affinity, cgroup quota]",
+)
+@click.option(
     "--graceful-timeout",
     "graceful_timeout_s",
     type=float,

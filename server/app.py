@@ -84,6 +84,9 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
         cache = elmo_cache.open(settings.cache_path)
     if encoder is None and (settings.has_model or cache is not None):
         from elmo_cache.encoder import Encoder, load_encoder
+        from elmo_cache.threads import apply_threads
+
+        apply_threads(settings.threads)
 
         # Live answers must match cached ones: by default encode as the cache was built.
         built_with = ((getattr(cache, "metadata", None) or {}).get("model") or {}) if cache is not None else {}

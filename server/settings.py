@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     graceful_timeout_s: float = Field(
         10.0, ge=0, le=3_600, description="longest wait for requests in flight on shutdown (s)"
     )
+    # torch's intra-op threads for live encodings; None: the CPUs this process may use (affinity,
+    # cgroup quota), so a server in a CPU-limited container does not oversubscribe it.
+    threads: int | None = Field(None, ge=1, description="CPU threads of the encoder; default: the usable CPUs")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     access_log: bool = Field(True, description="log one line per request")
 

@@ -68,3 +68,13 @@ def test_build_and_train_take_threads(tmp_path, tiny_model, restore_threads):
     )
     assert trained.exit_code == 0, trained.output
     assert torch.get_num_threads() == 1  # ELMO_CACHE_THREADS (1 in this suite) when no flag is given
+
+
+def test_serve_sizes_the_encoder_pool(tiny_model, restore_threads):
+    from elmo_cache.server import Settings, load_resources
+
+    settings = Settings(options_file=tiny_model[0], weight_file=tiny_model[1], device="cpu", threads=2)
+    encoder, _ = load_resources(settings)
+    assert encoder is not None and torch.get_num_threads() == 2
+    load_resources(Settings(options_file=tiny_model[0], weight_file=tiny_model[1], device="cpu"))
+    assert torch.get_num_threads() == 1  # ELMO_CACHE_THREADS, as `serve` reads it too
