@@ -28,6 +28,7 @@ __all__ = [
     "NotInCacheError",
     "AuthenticationError",
     "LiveTimeoutError",
+    "CacheCorruptError",
 ]
 
 
@@ -120,3 +121,9 @@ class LiveTimeoutError(ServiceError, TimeoutError):
     """A live encoding waited (queued and encoding) longer than the service allows; retry later."""
 
     code = "live_timeout"
+
+
+class CacheCorruptError(CacheFormatError):
+    """Stored bytes of a cache fail their check (a block checksum, a missing, truncated or non-regular
+    file): the cache was damaged after its build (a partial copy or sync, a bit flip). The message names
+    the file or dataset and the rows; ``elmo-cache verify`` reports every damage, rebuilding repairs it."""
