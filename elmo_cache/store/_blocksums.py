@@ -147,8 +147,10 @@ class BlockGuard:
 
     def check_rows(self, start: int, stop: int) -> None:
         """Check every block holding a row of ``start:stop`` not checked yet."""
+        if stop <= start:
+            return  # no row read (an empty sentence or text)
         size = self.block_rows
-        for b in range(start // size, (max(start, stop - 1)) // size + 1):
+        for b in range(start // size, (stop - 1) // size + 1):
             if not self.ok[b]:
                 self.check(b)
 
