@@ -95,12 +95,14 @@ class Cache:
         self.format_version: int = meta["format_version"]
         self._check_arrays(arrays)
         recorded = meta.get("checksums")
+        # A few microseconds: metadata edited or bit-flipped after the build (a mix, a layer list) is caught
+        # here, after the structure checks above, which name a disagreement with the arrays more precisely.
         if self.complete and isinstance(recorded, dict) and "metadata" in recorded:
-            # A few microseconds: an edited or bit-flipped metadata (dim, layers, counts) is caught here.
-            if recorded["metadata"] != metadata_checksum(meta):
+            actual = metadata_checksum(meta)
+            if recorded["metadata"] != actual:
                 raise CacheFormatError(
-                    f"{self.path}: the metadata fails its CRC-32 (recorded {recorded['metadata']!r}, actual "
-                    f"{metadata_checksum(meta)}): it was edited or damaged after the build; rebuild or re-copy the cache"
+                    f"{self.path}: the metadata fails its CRC-32 (recorded {recorded['metadata']!r}, actual {actual}): "
+                    "it was edited or damaged after the build; rebuild or re-copy the cache"
                 )
         self._vectors = arrays["vectors"]
         self._offsets = arrays["offsets"]
@@ -133,7 +135,9 @@ class Cache:
         self._vector_block = 0 if self._vector_guard is None else self._vector_guard.block_rows
         # offsets and lengths share their block size: one flag per block for the pair, set once both passed.
         pair = (self._guards.get("offsets"), self._guards.get("lengths"))
-        self._pair_guards = pair if pair[0] is not None and pair[1] is not None else None
+        self._pair_guards: tuple[BlockGuard, BlockGuard] | None = (
+            (pair[0], pair[1]) if pair[0] is not None and pair[1] is not None else None
+        )
         self._pair_block = 0 if self._pair_guards is None else pair[0].block_rows  # type: ignore[union-attr]
         self._pair_ok = None if self._pair_guards is None else bytearray(pair[0].n_blocks)  # type: ignore[union-attr]
         # Without dedupe the sentences' rows are consecutive: sentence i ends where sentence i+1 starts,

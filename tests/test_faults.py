@@ -234,9 +234,9 @@ def test_zarr_file_fault(pristine, tmp_path, kind, fault):
     shutil.copytree(source, path, symlinks=True)
     _damage_file(path / ZARR_FILES[kind], fault, tmp_path / "outside" / "file")
     outcomes = _run_case(path, truth)
-    if kind not in ("checksums-json",):  # read by verify only
-        if kind == "vectors" or fault != "flip":
-            assert "error" in outcomes, "the damage went unnoticed"
+    # checksums.json is read by verify only; a flip elsewhere may land where no read looks (padding).
+    if kind != "checksums-json" and (kind == "vectors" or fault != "flip"):
+        assert "error" in outcomes, "the damage went unnoticed"
 
 
 @pytest.mark.parametrize("name", [*HDF5_DATASETS, "metadata"])
@@ -261,7 +261,7 @@ def test_hdf5_file_fault(pristine, tmp_path, fault):
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_flipped_offset_bit_is_caught_on_the_first_read(pristine, tmp_path, fmt):
     """The issue's case: offsets[i] + 1 would serve sentence i shifted by one token."""
-    source, truth = pristine[fmt]
+    source, _ = pristine[fmt]
     path = tmp_path / source.name
     (shutil.copytree if fmt == "zarr" else shutil.copy)(source, path)
     if fmt == "zarr":

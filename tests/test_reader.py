@@ -382,7 +382,10 @@ def test_offsets_beyond_vectors(make_cache, fmt):
     offsets[5] = cache._n_rows  # sentence 5 has one token: now it points past the end
     replace_array(path, "offsets", offsets)
     # Damage after the build: the block sum of 'offsets' catches it on the first read of the block.
-    with elmo_cache.open(path) as cache, pytest.raises(CacheCorruptError, match=r"rows 0\.\.\d+ \(block 0\) of array 'offsets' fail"):
+    with (
+        elmo_cache.open(path) as cache,
+        pytest.raises(CacheCorruptError, match=r"rows 0\.\.\d+ \(block 0\) of array 'offsets' fail"),
+    ):
         cache[4]
     # Wrong offsets with matching sums (a writer's bug): the per-read structure checks still refuse them.
     replace_array(path, "blocksums/offsets", block_sums(offsets, SMALL_BLOCK_ROWS))

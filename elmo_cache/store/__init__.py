@@ -22,8 +22,8 @@ from types import ModuleType
 from typing import Any
 
 from elmo_cache.errors import (
-    CacheExistsError,
     CacheCorruptError,
+    CacheExistsError,
     CacheFormatError,
     CacheNotFoundError,
     IncompleteCacheError,

@@ -205,8 +205,9 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
         want = -(-int(array.shape[0]) // block_rows)
         if stored is None or stored.ndim != 1 or stored.shape[0] != want or np.dtype(stored.dtype).kind != "u":
             shape = None if stored is None else tuple(stored.shape)
+            what = "missing" if shape is None else f"of shape {shape}"
             raise CacheCorruptError(
-                f"{where}: array {BLOCK_SUMS[name]!r} (the block sums of {name!r}) is {'missing' if shape is None else shape}, "
+                f"{where}: array {BLOCK_SUMS[name]!r} (the block sums of {name!r}) is {what}, "
                 f"expected ({want},); the cache is incomplete or damaged (a partial copy?): rebuild or re-copy it"
             )
         result[name] = BlockGuard(str(where), name, array, block_rows, stored)
