@@ -11,9 +11,10 @@ chunks), and so is the data part of a shard whose chunks lie back to back, as th
 writes them. Such an array is read here without zarr at all: each file is mapped with
 :class:`numpy.memmap` when first touched, so a sentence is a zero-copy view of the page cache,
 shared by every DataLoader worker, exactly as with HDF5. A sentence that straddles two files is
-the concatenation of two slices (one copy). A file that does not exist reads as the array's fill
-value, as zarr specifies. A shard's index is checked (size, CRC-32C, layout) when the shard is
-first mapped.
+the concatenation of two slices (one copy). A file that does not exist is an error, not the fill
+value zarr would read (see :func:`_open_file`), and so is one that is not a regular file. A shard's
+index is checked (size, CRC-32C, layout) when the shard is first mapped; the rows themselves are
+checked against their block sums by the reader (:mod:`elmo_cache.store._blocksums`).
 
 Mappings are kept in an LRU (each holds a file descriptor before Python 3.13, and every one
 counts against the kernel's mappings per process; see :func:`_max_open_maps`); re-mapping an
