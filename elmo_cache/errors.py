@@ -30,6 +30,7 @@ __all__ = [
     "LiveTimeoutError",
     "OutputLockedError",
     "CacheTimeoutError",
+    "CacheCorruptError",
 ]
 
 
@@ -132,3 +133,9 @@ class CacheTimeoutError(ServiceError, TimeoutError):
     """Reading a request's answer from the cache (or writing it out) took longer than the service allows."""
 
     code = "cache_timeout"
+
+
+class CacheCorruptError(CacheFormatError):
+    """Stored bytes of a cache fail their check (a block checksum, a missing, truncated or non-regular
+    file): the cache was damaged after its build (a partial copy or sync, a bit flip). The message names
+    the file or dataset and the rows; ``elmo-cache verify`` reports every damage, rebuilding repairs it."""

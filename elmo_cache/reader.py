@@ -23,13 +23,16 @@ import numpy as np
 
 from elmo_cache import store
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
+from elmo_cache.store._blocksums import BlockGuard, guards
 from elmo_cache.store.format import (
     ARRAYS,
+    BLOCK_SUMS,
     FORMAT_VERSIONS,
     INDEX_DTYPES,
     TEXT_ENCODING,
     TOKEN_ARRAYS,
     arrays_of,
+    metadata_checksum,
     parse_metadata,
 )
 from elmo_cache.text.tokenize import sentence_hash, tokenize
@@ -67,10 +70,18 @@ class Cache:
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
         self.path = Path(path)
         self._allow_incomplete = allow_incomplete
-        self.format, raw, arrays = store.open_arrays(self.path, ARRAYS)
+        self.format, raw, arrays = store.open_arrays(self.path, (*ARRAYS, *BLOCK_SUMS.values()))
+        sums = {name: arrays.pop(BLOCK_SUMS[name]) for name in ARRAYS}
         meta = parse_metadata(self.path, raw)
         self._metadata = meta
         self.complete: bool = meta["complete"]
+        # zarr: an absent file is an error in a finished cache. Caches written before block sums may
+        # legitimately lack an all-zero chunk of a 1-D array (zarr skipped writing it): there those read
+        # as zeros, as zarr specifies; their vectors files were always all written.
+        with_sums = isinstance(meta.get("checksums"), dict) and "blocks" in meta["checksums"]
+        for name, array in (*arrays.items(), *sums.items()):
+            if hasattr(array, "allow_missing"):
+                array.allow_missing = not self.complete or (name != "vectors" and not with_sums)
         """False for a cache whose build has not finished (only with ``allow_incomplete``)."""
         if not self.complete and not allow_incomplete:
             raise IncompleteCacheError(
@@ -83,6 +94,16 @@ class Cache:
         self.dtype: np.dtype = np.dtype(meta["dtype"])
         self.format_version: int = meta["format_version"]
         self._check_arrays(arrays)
+        recorded = meta.get("checksums")
+        # A few microseconds: metadata edited or bit-flipped after the build (a mix, a layer list) is caught
+        # here, after the structure checks above, which name a disagreement with the arrays more precisely.
+        if self.complete and isinstance(recorded, dict) and "metadata" in recorded:
+            actual = metadata_checksum(meta)
+            if recorded["metadata"] != actual:
+                raise CacheFormatError(
+                    f"{self.path}: the metadata fails its CRC-32 (recorded {recorded['metadata']!r}, actual {actual}): "
+                    "it was edited or damaged after the build; rebuild or re-copy the cache"
+                )
         self._vectors = arrays["vectors"]
         self._offsets = arrays["offsets"]
         self._lengths = arrays["lengths"]
@@ -106,6 +127,23 @@ class Cache:
         self._read_text: Any = (
             None if text is None else text.rows if hasattr(text, "rows") else (lambda start, stop: text[start:stop])
         )
+        # Block checksums (FORMAT.md, "What is checked where"): each block of rows is checked against its
+        # CRC-32C the first time a read touches it; caches built before them have none (empty dict).
+        self._guards: dict[str, BlockGuard] = guards(self.path, meta, arrays, sums) if self.complete else {}
+        self._vector_guard = self._guards.get("vectors")
+        self._vector_ok = None if self._vector_guard is None else self._vector_guard.ok
+        self._vector_block = 0 if self._vector_guard is None else self._vector_guard.block_rows
+        # offsets and lengths share their block size: one flag per block for the pair, set once both passed.
+        pair = (self._guards.get("offsets"), self._guards.get("lengths"))
+        self._pair_guards: tuple[BlockGuard, BlockGuard] | None = (
+            (pair[0], pair[1]) if pair[0] is not None and pair[1] is not None else None
+        )
+        self._pair_block = 0 if self._pair_guards is None else pair[0].block_rows  # type: ignore[union-attr]
+        self._pair_ok = None if self._pair_guards is None else bytearray(pair[0].n_blocks)  # type: ignore[union-attr]
+        # Without dedupe the sentences' rows are consecutive: sentence i ends where sentence i+1 starts,
+        # a check of one more offset per read that catches a damaged offset or length even in a cache
+        # without block sums. (With dedupe a repeat points back at earlier rows: only the bounds hold.)
+        self._consecutive = self.complete and meta.get("dedupe") is False
 
     def _check_arrays(self, arrays: dict[str, Any]) -> None:
         meta = self._metadata
@@ -188,6 +226,8 @@ class Cache:
         chunks on first access (4 bytes per sentence)."""
         if self._lengths_array is None:
             lengths = self._require()._lengths
+            if "lengths" in self._guards:
+                self._guards["lengths"].check_all()  # read whole anyway (4 bytes a sentence): check it whole
             if isinstance(lengths, np.ndarray):
                 self._lengths_array = lengths
             else:
@@ -212,7 +252,20 @@ class Cache:
             raise ValueError(f"cache {self.path} is closed")
         return self
 
+    def _check_pair(self, i: int) -> None:
+        """Check the blocks of 'offsets' and 'lengths' holding sentence ``i``. (The next sentence's offset,
+        read by the consecutive-rows check, may lie in an unchecked block: damage there raises, never passes.)"""
+        assert self._pair_guards is not None and self._pair_ok is not None
+        b = i // self._pair_block
+        for guard in self._pair_guards:
+            if not guard.ok[b]:
+                guard.check(b)
+        self._pair_ok[b] = 1
+
     def _sentence(self, i: int) -> np.ndarray:
+        pair_ok = self._pair_ok
+        if pair_ok is not None and not pair_ok[i // self._pair_block]:
+            self._check_pair(i)
         start = self._offset_at(i)
         length = self._length_at(i)
         stop = start + length
@@ -221,6 +274,15 @@ class Cache:
                 f"{self.path}: sentence {i} spans rows {start}..{stop} (arrays 'offsets'/'lengths') but array "
                 f"'vectors' has {self._n_rows} rows; the cache is corrupt"
             )
+        if self._consecutive and stop != (self._offset_at(i + 1) if i + 1 < self._n else self._n_rows):
+            raise CacheFormatError(
+                f"{self.path}: sentence {i} ends at row {stop} but the next one starts at row "
+                f"{self._offset_at(i + 1) if i + 1 < self._n else self._n_rows} in a cache without dedupe "
+                "(arrays 'offsets'/'lengths' are damaged); run `elmo-cache verify`, then rebuild or re-copy it"
+            )
+        ok = self._vector_ok
+        if ok is not None and length and not (ok[start // self._vector_block] and ok[(stop - 1) // self._vector_block]):
+            self._vector_guard.check_rows(start, stop)  # type: ignore[union-attr]
         block = self._read_rows(start, stop)
         return block.transpose(1, 0, 2) if self._layered else block
 
@@ -269,29 +331,41 @@ class Cache:
         if not all(isinstance(t, str) for t in tokens):
             raise InvalidParameterError("sentence: expected a string or a list of string tokens")
         value = np.uint64(sentence_hash(tokens))
-        hashes = self._hashes
-        if isinstance(hashes, np.ndarray):
+        hashes, guards = self._hashes, self._guards
+        if "index/hashes" in guards:
+            pos = guards["index/hashes"].searchsorted(value)
+        elif isinstance(hashes, np.ndarray):
             pos = int(np.searchsorted(hashes, value))
         else:
             pos = hashes.searchsorted(value)
         if pos >= hashes.shape[0] or hashes[pos] != value:
             return None
+        self._touch("index/rows", pos, pos + 1)
         row = int(self._rows[pos])
         if not 0 <= row < self._n:
             raise CacheFormatError(f"{self.path}: array 'index/rows' points at sentence {row} of {self._n}; corrupt")
+        self._touch("lengths", row, row + 1)
         if self._length_at(row) != len(tokens):
             return None  # a hash collision with a different sentence
         if self.stores_tokens and self._text(row) != " ".join(tokens).encode(*TEXT_ENCODING):
             return None  # a hash collision with a sentence of the same length
         return row
 
+    def _touch(self, name: str, start: int, stop: int) -> None:
+        """Check the blocks of array ``name`` holding entries ``start:stop`` (cold paths: lookups, text)."""
+        guard = self._guards.get(name)
+        if guard is not None:
+            guard.check_rows(start, stop)
+
     def _text(self, i: int) -> bytes:
+        self._touch("tokens/offsets", i, i + 2)
         start, stop = self._token_at(i), self._token_at(i + 1)
         if not 0 <= start <= stop <= self._token_bytes.shape[0]:
             raise CacheFormatError(
                 f"{self.path}: sentence {i} spans bytes {start}..{stop} of array 'tokens/bytes' (array "
                 f"'tokens/offsets'), which holds {self._token_bytes.shape[0]}; the cache is corrupt"
             )
+        self._touch("tokens/bytes", start, stop)
         return self._read_text(start, stop).tobytes()
 
     def tokens(self, i: int) -> list[str]:
@@ -329,6 +403,7 @@ class Cache:
         self._offset_at = self._length_at = self._read_rows = None
         self._token_bytes = self._token_offsets = self._token_at = self._read_text = None
         self._lengths_array = None
+        self._guards, self._vector_guard, self._vector_ok, self._pair_guards, self._pair_ok = {}, None, None, None, None
 
     @property
     def closed(self) -> bool:

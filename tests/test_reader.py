@@ -14,7 +14,14 @@ import pytest
 import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.errors import CacheFormatError, CacheNotFoundError, CorpusError, ElmoCacheError, IncompleteCacheError
+from elmo_cache.errors import (
+    CacheCorruptError,
+    CacheFormatError,
+    CacheNotFoundError,
+    CorpusError,
+    ElmoCacheError,
+    IncompleteCacheError,
+)
 from elmo_cache.model.random_model import write_random_model
 from elmo_cache.selection import MixSpec
 from elmo_cache.text.tokenize import tokenize
@@ -204,16 +211,29 @@ def test_hdf5_arrays_are_memory_mapped(make_cache):
         assert is_mapped(cache._hashes) and is_mapped(cache._offsets)
 
 
-def test_missing_zarr_chunk_reads_as_fill_value_like_zarr(make_cache):
+def test_missing_zarr_vectors_file_is_an_error_not_zeros(make_cache):
+    """zarr itself reads an absent shard as the fill value (zeros); a finished cache must refuse it: the
+    sentences of that file raise, naming the file, and the others still read right."""
     import zarr
 
     path = make_cache()
+    with elmo_cache.open(path) as cache:
+        before = [np.array(cache[i]) for i in range(len(cache))]
+        offsets, lengths = np.array(cache._offsets), np.array(cache.lengths)
     (path / "vectors" / "c" / "1" / "0" / "0").unlink()
     reference = zarr.open_array(store=str(path), path="vectors", mode="r")[...]
-    assert not reference[10:20].any() and reference[:10].any()
+    assert not reference[10:20].any() and reference[:10].any()  # what zarr would have served
+    hit = 0
     with elmo_cache.open(path) as cache:
-        rows = np.concatenate([cache[i].transpose(1, 0, 2) for i in range(len(cache))])  # no dedupe: rows in order
-        np.testing.assert_array_equal(rows, reference)
+        for i, expected in enumerate(before):
+            start, stop = int(offsets[i]), int(offsets[i] + lengths[i])
+            if stop > start and start < 20 and stop > 10:
+                with pytest.raises(CacheCorruptError, match=r"vectors/c/1/0/0: file 1 of array 'vectors' is missing"):
+                    cache[i]
+                hit += 1
+            else:
+                np.testing.assert_array_equal(cache[i], expected)
+    assert hit
 
 
 def test_v2_chunk_key_encoding(make_cache):
@@ -353,13 +373,26 @@ def test_corrupt_arrays(make_cache, fmt):
 
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_offsets_beyond_vectors(make_cache, fmt):
+    from elmo_cache.store._blocksums import block_sums
+    from elmo_cache.store.format import SMALL_BLOCK_ROWS
+
     path = make_cache(fmt=fmt)
     with elmo_cache.open(path) as cache:
         offsets = np.array(cache._offsets)
     offsets[5] = cache._n_rows  # sentence 5 has one token: now it points past the end
     replace_array(path, "offsets", offsets)
+    # Damage after the build: the block sum of 'offsets' catches it on the first read of the block.
+    with (
+        elmo_cache.open(path) as cache,
+        pytest.raises(CacheCorruptError, match=r"rows 0\.\.\d+ \(block 0\) of array 'offsets' fail"),
+    ):
+        cache[4]
+    # Wrong offsets with matching sums (a writer's bug): the per-read structure checks still refuse them.
+    replace_array(path, "blocksums/offsets", block_sums(offsets, SMALL_BLOCK_ROWS))
     with elmo_cache.open(path) as cache:
-        np.testing.assert_array_equal(cache[4], direct(path, 4))
+        np.testing.assert_array_equal(cache[3], direct(path, 3))
+        with pytest.raises(CacheFormatError, match=r"sentence 4 ends at row \d+ but the next one starts at row"):
+            cache[4]  # no dedupe: its rows must end where sentence 5's start
         with pytest.raises(CacheFormatError, match=r"sentence 5 spans rows .* 'vectors' has \d+ rows"):
             cache[5]
 

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from elmo_cache.errors import (
+    CacheCorruptError,
     CacheExistsError,
     CacheFormatError,
     CacheNotFoundError,
@@ -119,6 +120,8 @@ def detect(path: Path) -> str:
         if (path / ".zgroup").exists() or (path / ".zattrs").exists():
             raise CacheFormatError(f"{path}: a zarr v2 store; elmo-cache caches are zarr v3 ({ZARR_JSON}) or HDF5")
         raise CacheFormatError(f"{path}: a directory without {ZARR_JSON}, not a zarr v3 cache")
+    if not path.is_file():  # a FIFO (whose open would block forever), a device, a socket
+        raise CacheCorruptError(f"{path}: not a regular file nor a directory; not an elmo-cache store")
     if hdf5.is_store(path):
         return "hdf5"
     raise CacheFormatError(f"{path}: neither a zarr v3 directory nor an HDF5 file; not an elmo-cache store")

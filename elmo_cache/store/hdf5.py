@@ -28,15 +28,19 @@ import h5py
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store._blocksums import block_sums, sums_listing
 from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
+    BLOCK_SUMS,
     CHECKSUM_ALGORITHM,
     HDF5_SIGNATURE,
     META_KEY,
+    SMALL_BLOCK_ROWS,
     checksum,
     decode_metadata,
     metadata_checksum,
+    vector_block_rows,
 )
 
 __all__ = ["Hdf5Writer", "is_store", "read_metadata", "open_arrays", "open_with_library", "little_endian"]
@@ -135,7 +139,8 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
         handle = h5py.File(path, "r")
     except OSError as exc:
         raise CacheFormatError(f"{path}: neither a zarr directory nor a readable HDF5 file ({exc})") from None
-    return handle.attrs.get(META_KEY), {name: handle.get(name) for name in ARRAYS}, handle.close
+    names = (*ARRAYS, *BLOCK_SUMS.values())
+    return handle.attrs.get(META_KEY), {name: handle.get(name) for name in names}, handle.close
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -183,15 +188,23 @@ class Hdf5Writer(Writer):
             f.attrs[META_KEY] = json.dumps({**metadata, "complete": False})
             # No chunks, no compression, fixed shape: contiguous, so readers can numpy.memmap it.
             dataset = f.create_dataset("vectors", shape=source.shape, dtype=source.dtype)
-            step = max(1, _COPY_BYTES // max(1, self.layout.row_bytes))
-            crc = 0
+            # Block sums (FORMAT.md) as the rows are copied: a step is a whole number of blocks.
+            block_rows = vector_block_rows(self.layout.row_bytes, None)
+            step = max(1, _COPY_BYTES // max(1, self.layout.row_bytes * block_rows)) * block_rows
+            crc, sums = 0, []
             for start in range(0, rows, step):
                 block = little_endian(source[start : start + step])
                 dataset[start : start + step] = block
                 crc = checksum(block, crc)
+                sums.append(block_sums(block, block_rows))
             crcs["vectors"] = crc
-            for name, data in self.small_arrays().items():
-                array = little_endian(data)
+            arrays = {name: little_endian(data) for name, data in self.small_arrays().items()}
+            arrays[BLOCK_SUMS["vectors"]] = np.concatenate(sums) if sums else np.empty(0, np.uint32)
+            for name in ARRAYS[1:]:
+                if name in arrays:
+                    arrays[BLOCK_SUMS[name]] = block_sums(arrays[name], SMALL_BLOCK_ROWS)
+            for name, array in arrays.items():
+                array = little_endian(array)
                 f.create_dataset(name, data=array)
                 crcs[name] = checksum(array)
             f.flush()
@@ -200,6 +213,7 @@ class Hdf5Writer(Writer):
                 "algorithm": CHECKSUM_ALGORITHM,
                 "datasets": crcs,
                 "metadata": metadata_checksum(final),
+                "blocks": sums_listing(block_rows),
             }
             f.attrs[META_KEY] = json.dumps(final)
         del source

@@ -11,9 +11,10 @@ chunks), and so is the data part of a shard whose chunks lie back to back, as th
 writes them. Such an array is read here without zarr at all: each file is mapped with
 :class:`numpy.memmap` when first touched, so a sentence is a zero-copy view of the page cache,
 shared by every DataLoader worker, exactly as with HDF5. A sentence that straddles two files is
-the concatenation of two slices (one copy). A file that does not exist reads as the array's fill
-value, as zarr specifies. A shard's index is checked (size, CRC-32C, layout) when the shard is
-first mapped.
+the concatenation of two slices (one copy). A file that does not exist is an error, not the fill
+value zarr would read (see :func:`_open_file`), and so is one that is not a regular file. A shard's
+index is checked (size, CRC-32C, layout) when the shard is first mapped; the rows themselves are
+checked against their block sums by the reader (:mod:`elmo_cache.store._blocksums`).
 
 Mappings are kept in an LRU (each holds a file descriptor before Python 3.13, and every one
 counts against the kernel's mappings per process; see :func:`_max_open_maps`); re-mapping an
@@ -43,6 +44,7 @@ import mmap
 import os
 import resource
 import shutil
+import stat
 import sys
 import uuid
 from collections import OrderedDict
@@ -52,14 +54,17 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheFormatError
+from elmo_cache.errors import CacheCorruptError, CacheFormatError
+from elmo_cache.store._blocksums import BlockSummer, block_sums, read_sums_file, sums_listing, write_sums_file
 from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
+    BLOCK_SUMS,
     BUILD_DIR,
     CHECKSUM_ALGORITHM,
     CHECKSUMS_FILE,
     META_KEY,
+    SMALL_BLOCK_ROWS,
     ZARR_JSON,
     checksum,
     decode_metadata,
@@ -163,6 +168,37 @@ def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
+def _open_file(path: str, array: ChunkedArray, c: int) -> int | None:
+    """A read-only descriptor of file ``c`` of ``array``, which must be a regular file.
+
+    zarr reads an absent chunk as the fill value, but every file of a finished elmo-cache cache is
+    written: an absent one means a partial copy or sync, and reading zeros in its place would hand a
+    training loop vectors that were never computed. So it is an error, except in an unfinished cache
+    opened with ``allow_incomplete`` (None: the caller reads the fill value). ``O_NONBLOCK`` and the
+    ``fstat`` refuse a FIFO (whose plain ``open`` would block forever) or a device; a symbolic link
+    is followed (caches are legitimately spread over disks by links): the block checksums vouch for
+    what it points at.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        if array.allow_missing:
+            return None
+        raise CacheCorruptError(
+            f"{path}: file {c} of array {array.name!r} is missing; the cache is incomplete (a partial copy "
+            "or sync?): run `elmo-cache verify` on it, then re-copy or rebuild it"
+        ) from None
+    except OSError as exc:
+        raise CacheCorruptError(f"{path}: file {c} of array {array.name!r} cannot be opened ({exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CacheCorruptError(
+            f"{path}: file {c} of array {array.name!r} is not a regular file (a FIFO, device or directory); "
+            "refusing to read it: the cache is damaged, re-copy or rebuild it"
+        )
+    return fd
+
+
 class ChunkedArray:
     """A read-only array chunked along axis 0, indexable like a numpy array by int or slice.
 
@@ -177,6 +213,8 @@ class ChunkedArray:
         self.ndim = len(self.shape)
         self.chunk_rows = int(chunk_rows)
         self.n_chunks = math.ceil(self.shape[0] / self.chunk_rows) if self.shape[0] else 0
+        # Whether an absent file reads as the fill value (an unfinished cache opened with allow_incomplete).
+        self.allow_missing = False
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -306,9 +344,8 @@ class _MappedFiles(ChunkedArray):
         if not 0 <= c < self.n_chunks:
             raise IndexError(f"file {c} out of range for array {self.name!r}")
         path = os.path.join(self._directory, self._key(c, self.ndim))  # not pathlib: this runs per re-map
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # an absent file reads as the fill value, as zarr specifies
+        fd = _open_file(path, self, c)
+        if fd is None:  # only in an unfinished cache opened with allow_incomplete: the fill value, as zarr says
             block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (self._block_rows(c), *self.shape[1:]))
         else:
             try:
@@ -328,10 +365,9 @@ class _MappedFiles(ChunkedArray):
         """Check the first and the last file (a ``stat`` and, for shards, a small read each; the rest on first use)."""
         for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
             path = os.path.join(self._directory, self._key(c, self.ndim))
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # reads as the fill value, as zarr specifies
+            fd = _open_file(path, self, c)
+            if fd is None:
+                continue
             try:
                 self._check(c, path, fd)
             finally:
@@ -467,9 +503,18 @@ class MappedShards(_MappedFiles):
 class DecodedChunks(ChunkedArray):
     """Compressed (or otherwise non-raw) zarr arrays: zarr decodes, we keep a few decoded chunks."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int, array: Any):
+    def __init__(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        chunk_rows: int,
+        array: Any,
+        file_of: Callable[[int], tuple[int, str]] | None = None,
+    ):
         super().__init__(name, shape, dtype, chunk_rows)
         self._array = array
+        self._file_of = file_of  # (file number, path) holding chunk c: checked before zarr reads it
         row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         self._max_chunks = max(2, _DECODED_CACHE_BYTES // max(1, row_bytes * self.chunk_rows))
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -479,6 +524,11 @@ class DecodedChunks(ChunkedArray):
         if block is not None:
             self._decoded.move_to_end(c)
             return block
+        if self._file_of is not None:  # zarr would read an absent file as zeros, and block on a FIFO
+            k, path = self._file_of(c)
+            fd = _open_file(path, self, k)
+            if fd is not None:
+                os.close(fd)
         block = np.asarray(self._array[c * self.chunk_rows : (c + 1) * self.chunk_rows])
         block.setflags(write=False)
         self._decoded[c] = block
@@ -585,7 +635,14 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
         raise CacheFormatError(f"{where}: zarr cannot open it ({exc})") from None
     # Sharded arrays are decoded one inner chunk at a time (zarr reads only that part of a shard).
     rows = int(inner[0]) if sharded and inner else chunk_shape[0]
-    return DecodedChunks(name, shape, array.dtype, rows, array)
+    key = _chunk_key(meta.get("chunk_key_encoding") or {}, root / name)
+    per_file = chunk_shape[0] // rows if chunk_shape[1:] == shape[1:] else 0
+
+    def file_of(c: int) -> tuple[int, str]:
+        k = c // per_file
+        return k, os.path.join(directory, key(k, len(shape)))
+
+    return DecodedChunks(name, shape, array.dtype, rows, array, file_of if per_file else None)
 
 
 def _raw_bytes(codecs: list[dict[str, Any]]) -> str | None:
@@ -721,10 +778,10 @@ def _encode_with_zarr(layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> 
     from zarr.storage import MemoryStore
 
     store = MemoryStore()
-    array = zarr.create_array(store, **_vectors_array_spec(layout, n_rows))
+    # write_empty_chunks as the array's config: zarr 3.1 ignores the global "array.write_empty_chunks" key.
+    array = zarr.create_array(store, **_vectors_array_spec(layout, n_rows), config={"write_empty_chunks": True})
     start = k * vectors_file_rows(layout)
-    with zarr.config.set({"array.write_empty_chunks": True}):
-        array[start : start + len(rows)] = rows
+    array[start : start + len(rows)] = rows
     key = "/".join(["c", str(k), *("0" * len(layout.row_shape))])
     encoded = sync(store.get(key, prototype=default_buffer_prototype()))
     assert encoded is not None, key
@@ -770,11 +827,31 @@ def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows:
             handle.flush()
             os.fsync(handle.fileno())
             size = handle.tell()
+        # The block sums first: a vectors file at its final name always has them beside it.
+        write_sums_file(_sums_path(staging, k), block_sums(rows, int(layout.chunk_rows or 0)))
         _publish(Path(name), vectors_file_path(staging, layout, k))
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
     return size, crc
+
+
+def _sums_path(staging: Path, k: int) -> Path:
+    """Where a build keeps the block sums of vectors file ``k`` until :func:`finish_group` gathers them."""
+    return staging / BUILD_DIR / f"blocksums-{k}.bin"
+
+
+def _vector_block_sums(staging: Path, vectors: Any) -> np.ndarray:
+    """``blocksums/vectors``: the sums the writers left beside each vectors file, or for a file without
+    them (a build resumed from an older elmo-cache) its rows read back through zarr."""
+    rows, chunk = int(vectors.shape[0]), int(vectors.chunks[0])
+    file_rows = int((vectors.shards or vectors.chunks)[0])
+    parts = []
+    for k in range(-(-rows // file_rows)):
+        start, stop = k * file_rows, min(rows, (k + 1) * file_rows)
+        sums = read_sums_file(_sums_path(staging, k), -(-(stop - start) // chunk))
+        parts.append(sums if sums is not None else block_sums(np.asarray(vectors[start:stop]), chunk))
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
 
 
 def _publish(source: Path, final: Path) -> None:
@@ -827,6 +904,11 @@ def finish_group(
     rows = int(metadata["n_rows"])
     if vectors.shape[0] != rows:
         sync(vectors.async_array.resize((rows, *vectors.shape[1:]), delete_outside_chunks=False))
+    # Block sums (FORMAT.md, "Block checksums"): the vectors' from the files' writers, the others' from memory.
+    small_arrays = {**small_arrays, BLOCK_SUMS["vectors"]: _vector_block_sums(staging, vectors)}
+    for name in ARRAYS[1:]:
+        if name in small_arrays:
+            small_arrays[BLOCK_SUMS[name]] = block_sums(np.asarray(small_arrays[name]), SMALL_BLOCK_ROWS)
     for name, data in small_arrays.items():
         array = group.create_array(
             name,
@@ -836,10 +918,12 @@ def finish_group(
             compressors=None,
             fill_value=0,
             overwrite=True,
+            # Every chunk written, zeros too, so that an absent file always means damage (a reader refuses
+            # it). As the array's config: zarr 3.1 ignores the global "array.write_empty_chunks" key.
+            config={"write_empty_chunks": True},
         )
         if len(data):
-            with zarr.config.set({"array.write_empty_chunks": True}):
-                array[:] = np.asarray(data)
+            array[:] = np.asarray(data)
     for directory, _, files in os.walk(staging):
         parts = Path(directory).relative_to(staging).parts
         if parts[:1] == (BUILD_DIR,) or parts[:2] == ("vectors", "c"):
@@ -854,7 +938,12 @@ def finish_group(
     _write_checksums(staging, known)
     # complete=true is the last write into the group; the rename then publishes it whole.
     final = {**metadata}
-    final["checksums"] = {"algorithm": CHECKSUM_ALGORITHM, "file": CHECKSUMS_FILE, "metadata": metadata_checksum(final)}
+    final["checksums"] = {
+        "algorithm": CHECKSUM_ALGORITHM,
+        "file": CHECKSUMS_FILE,
+        "metadata": metadata_checksum(final),
+        "blocks": sums_listing(int(vectors.chunks[0])),
+    }
     group.attrs[META_KEY] = final
     fsync_path(staging / ZARR_JSON)
     os.rename(staging, output)
@@ -884,6 +973,8 @@ class ZarrWriter(Writer):
         # CRC-32 of the rows appended so far to each file not yet finished, so that finishing a file
         # does not read its rows back (up to 256 MiB) to sum them.
         self._rows_crc: dict[int, int] = {}
+        # Block sums (CRC-32C per chunk of rows) of each file not yet finished, likewise summed as appended.
+        self._summers: dict[int, BlockSummer] = {}
         # (size, CRC-32) of each finished vectors file, for checksums.json.
         self.file_sums = RawColumn(self.build_dir / "file_sums.bin", "int64", (2,))
 
@@ -933,10 +1024,15 @@ class ZarrWriter(Writer):
                     f"{current}: the committed rows of the vectors are missing or damaged; rerun with --overwrite"
                 )
             os.truncate(current, want)
-            self._rows_crc = {published: file_checksum(current)[1]}
+            summer, crc = BlockSummer(self.chunk_rows_bytes), 0
+            with open(current, "rb") as f:  # the committed rows of the open file, summed again (once per resume)
+                while piece := f.read(_CRC_BYTES):
+                    crc = checksum(piece, crc)
+                    summer.update(piece)
+            self._rows_crc, self._summers = {published: crc}, {published: summer}
         else:
             current.unlink(missing_ok=True)
-            self._rows_crc = {}
+            self._rows_crc, self._summers = {}, {}
         self._rows = rows
 
     def _file_handle(self, k: int) -> Any:
@@ -960,6 +1056,10 @@ class ZarrWriter(Writer):
             data = np.ascontiguousarray(vectors[done : done + take]).data.cast("B")
             self._file_handle(k).write(data)
             self._rows_crc[k] = checksum(data, self._rows_crc.get(k, 0))
+            summer = self._summers.get(k)
+            if summer is None:
+                summer = self._summers[k] = BlockSummer(self.chunk_rows_bytes)
+            summer.update(data)
             done += take
             self._rows += take
             if self._rows % self.file_rows == 0:
@@ -969,6 +1069,9 @@ class ZarrWriter(Writer):
     def _finish_file(self, k: int, n_rows: int) -> tuple[int, int]:
         """Turn rows-<k>.bin into the vectors file shard-<k>.ready (synced); returns its (size, CRC-32)."""
         rows_path, ready = self._rows_path(k), self._ready_path(k)
+        summer = self._summers.pop(k, None)
+        if summer is not None:  # else: no rows appended in this session and none to resume (cannot happen)
+            write_sums_file(_sums_path(self.staging, k), summer.finish())
         if self.layout.compression is None:
             _, present = _file_geometry(self.layout, n_rows, k)
             padding_and_index = bytes(present * self.chunk_rows_bytes - rows_path.stat().st_size)
