@@ -141,9 +141,10 @@ class Cache:
         self._pair_block = 0 if self._pair_guards is None else pair[0].block_rows  # type: ignore[union-attr]
         self._pair_ok = None if self._pair_guards is None else bytearray(pair[0].n_blocks)  # type: ignore[union-attr]
         # Without dedupe the sentences' rows are consecutive: sentence i ends where sentence i+1 starts,
-        # a check of one more offset per read that catches a damaged offset or length even in a cache
-        # without block sums. (With dedupe a repeat points back at earlier rows: only the bounds hold.)
-        self._consecutive = self.complete and meta.get("dedupe") is False
+        # a check of one more offset per read that catches a damaged offset or length in a cache without
+        # block sums (with them, the sums of 'offsets' and 'lengths' already do, at no cost per read).
+        # With dedupe a repeat points back at earlier rows: only the bounds hold.
+        self._consecutive = self.complete and meta.get("dedupe") is False and self._pair_guards is None
 
     def _check_arrays(self, arrays: dict[str, Any]) -> None:
         meta = self._metadata
@@ -261,6 +262,8 @@ class Cache:
             if not guard.ok[b]:
                 guard.check(b)
         self._pair_ok[b] = 1
+        if all(guard.remaining == 0 for guard in self._pair_guards):
+            self._pair_ok = None  # every block passed: reads skip the test from now on
 
     def _sentence(self, i: int) -> np.ndarray:
         pair_ok = self._pair_ok
@@ -282,7 +285,10 @@ class Cache:
             )
         ok = self._vector_ok
         if ok is not None and length and not (ok[start // self._vector_block] and ok[(stop - 1) // self._vector_block]):
-            self._vector_guard.check_rows(start, stop)  # type: ignore[union-attr]
+            guard = self._vector_guard
+            guard.check_rows(start, stop)  # type: ignore[union-attr]
+            if guard.remaining == 0:  # type: ignore[union-attr]
+                self._vector_ok = None  # every block passed: reads skip the test from now on
         block = self._read_rows(start, stop)
         return block.transpose(1, 0, 2) if self._layered else block
 

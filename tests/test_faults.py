@@ -303,3 +303,33 @@ def test_every_damaged_block_is_named(pristine, tmp_path):
                     cache[i]
             else:
                 np.testing.assert_array_equal(cache[i], expected)
+
+
+def test_the_inline_checks_stop_only_once_every_block_passed(pristine, tmp_path):
+    """Warm reads pay nothing for the checks, but only after every block was checked: a damaged block
+    that no read has reached yet is still caught when one does. (zarr: blocks of 5 rows here.)"""
+    source, truth = pristine["zarr"]
+    path = tmp_path / source.name
+    shutil.copytree(source, path)
+    with elmo_cache.open(source) as cache:
+        offsets, lengths = np.array(cache._offsets), np.array(cache.lengths)
+        n_rows = int(cache._n_rows)
+        last_block = (n_rows - 1) // 5 * 5  # first row of the last vectors block
+        in_last = [i for i in range(len(cache)) if lengths[i] and offsets[i] + lengths[i] > last_block]
+        for i in range(len(cache)):
+            if i not in in_last:
+                cache[i]
+        assert cache._vector_ok is not None  # the last block is still unread: its test stays inline
+        for i in in_last:
+            cache[i]
+        assert cache._vector_ok is None and cache._pair_ok is None  # every block passed
+    _flip(path / "vectors" / "c" / str(n_rows // 10 if n_rows % 10 else n_rows // 10 - 1) / "0" / "0", 0)
+    with elmo_cache.open(path) as cache:
+        for i in range(len(cache)):
+            if i not in in_last:
+                np.testing.assert_array_equal(cache[i], truth[i])
+        assert cache._vector_ok is not None
+    # The flip sits in the last file's first row; whichever block that is, reading it raises.
+    with elmo_cache.open(path) as cache, pytest.raises(CacheCorruptError, match="of array 'vectors' fail their CRC"):
+        for i in range(len(cache)):
+            cache[i]
