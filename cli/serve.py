@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from elmo_cache.errors import ElmoCacheError
+
 __all__ = ["serve_command"]
+
+# The `server` extra: a plain `pip install elmo-cache` (build and read) installs none of these.
+_SERVER_EXTRA = {"fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client", "orjson"}
+
+
+def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
+    """uvicorn and the server's entry points, imported only here so that nothing else needs them."""
+    try:
+        import uvicorn
+
+        from elmo_cache.server import create_app, load_resources, load_settings
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
+            raise  # a broken install of ours, not a missing extra
+        raise ElmoCacheError(
+            f'`elmo-cache serve` needs the server extra ({exc.name} is not installed): pip install "elmo-cache[server]"'
+        ) from None
+    return uvicorn, (create_app, load_resources, load_settings)
 
 
 @click.command("serve")
@@ -52,10 +73,7 @@ def serve_command(cache: Path | None, **flags) -> None:
     loaded before the server starts listening, so a mistake is reported at once.
     Docs of the HTTP API: http://HOST:PORT/docs once it runs.
     """
-    import uvicorn
-
-    from elmo_cache.server import create_app, load_resources, load_settings
-
+    uvicorn, (create_app, load_resources, load_settings) = _server_modules()
     settings = load_settings(cache_path=cache, **flags)
     encoder, store = load_resources(settings)
     app = create_app(settings, encoder=encoder, cache=store)
