@@ -728,7 +728,7 @@ def _encode_with_zarr(layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> 
     key = "/".join(["c", str(k), *("0" * len(layout.row_shape))])
     encoded = files.get(key)
     assert encoded is not None, key
-    return bytes(encoded.to_bytes())
+    return encoded.to_bytes()
 
 
 def _write_file_body(handle: Any, layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> int:
