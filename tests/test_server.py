@@ -633,10 +633,11 @@ def test_json_vectors_have_one_text():
 
     vectors = np.array([[[0.1, 1 / 3, -2.5e-8, 1e20], [0.0, -0.0, 65504.0, 1.5]]], dtype=np.float32)
     body = render_one(Embedding(["Grüße", "."], vectors, "cache"), Selection(), Format.json).body
-    assert body == (
+    text = (
         '{"source":"cache","tokens":["Grüße","."],"shape":[1,2,4],"dtype":"float32",'
         '"vectors":[[[0.1,0.33333334,-2.5e-8,1e+20],[0.0,-0.0,65504.0,1.5]]],"layers":[0,1,2],"mix":null}'
-    ).encode()
+    )
+    assert body == text.encode()
     half = vectors[:, :, :2].astype(np.float16)
     body = render_one(Embedding(["a", "b"], half, "live"), Selection(layers=(2,)), Format.json).body
     assert body == (
