@@ -11,8 +11,9 @@ COPY setup.cfg pyproject.toml README.md ./
 COPY elmo_cache ./elmo_cache
 COPY cli ./cli
 COPY server ./server
-# torch comes from the base image (CUDA build); the project's range accepts it.
-RUN pip install . && useradd --create-home elmo && mkdir -p /models /data && chown elmo /models /data
+# torch comes from the base image (CUDA build); the project's range accepts it. The server extra
+# brings FastAPI, uvicorn, orjson and prometheus-client, which `serve` (the default command) needs.
+RUN pip install ".[server]" && useradd --create-home elmo && mkdir -p /models /data && chown elmo /models /data
 
 USER elmo
 VOLUME ["/models", "/data"]

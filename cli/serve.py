@@ -9,7 +9,27 @@ from typing import Any
 
 import click
 
+from elmo_cache.errors import ElmoCacheError
+
 __all__ = ["serve_command", "run_server"]
+
+# The `server` extra: a plain `pip install elmo-cache` (build and read) installs none of these.
+_SERVER_EXTRA = {"fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client", "orjson"}
+
+
+def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
+    """uvicorn and the server's entry points, imported only here so that nothing else needs them."""
+    try:
+        import uvicorn
+
+        from elmo_cache.server import create_app, load_resources, load_settings
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
+            raise  # a broken install of ours, not a missing extra
+        raise ElmoCacheError(
+            f'`elmo-cache serve` needs the server extra ({exc.name} is not installed): pip install "elmo-cache[server]"'
+        ) from None
+    return uvicorn, (create_app, load_resources, load_settings)
 
 
 @click.command("serve")
@@ -79,8 +99,7 @@ def serve_command(cache: Path | None, **flags) -> None:
     loaded before the server starts listening, so a mistake is reported at once.
     Docs of the HTTP API: http://HOST:PORT/docs once it runs.
     """
-    from elmo_cache.server import load_resources, load_settings
-
+    _, (_, load_resources, load_settings) = _server_modules()  # a clear error without the server extra
     settings = load_settings(cache_path=cache, **flags)
     encoder, store = load_resources(settings)
     what = " and ".join(
@@ -102,10 +121,7 @@ def run_server(settings: Any, *, encoder: Any = None, cache: Any = None) -> None
     cancels the rest. A cache read stuck in a pool thread (a dead disk) does not hold the process:
     the pool's threads are daemons, and the cache is then left open rather than unmapped under it.
     """
-    import uvicorn
-
-    from elmo_cache.server import create_app
-
+    uvicorn, (create_app, _, _) = _server_modules()
     app = create_app(settings, encoder=encoder, cache=cache)
     uvicorn.run(
         app,

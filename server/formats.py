@@ -13,15 +13,11 @@ import json
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi.responses import Response
 
 from elmo_cache.selection import Selection
 from elmo_cache.server.service import Embedding
-
-try:  # optional speed-up: orjson writes float arrays ~10x faster than json.dumps of lists
-    import orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    orjson = None
 
 __all__ = ["Format", "NPY_MEDIA_TYPE", "NPZ_MEDIA_TYPE", "render_one", "render_many"]
 
@@ -55,14 +51,14 @@ def _item(embedding: Embedding, fmt: Format) -> dict[str, Any]:
         item["data"] = base64.b64encode(_little_endian(vectors).tobytes()).decode("ascii")
     else:
         # float16 -> float32 is exact, and the shortest float32 text reads back to the same value.
-        item["vectors"] = vectors.astype(np.float32, copy=False) if orjson is not None else vectors.tolist()
+        item["vectors"] = vectors.astype(np.float32, copy=False)
     return item
 
 
 def _dumps(payload: dict[str, Any]) -> bytes:
-    if orjson is not None:
-        return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    # One encoder, so one text for the same vectors: orjson (a dependency of the `server` extra)
+    # writes numpy arrays directly, ~17x faster than json.dumps of nested lists.
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def render_one(embedding: Embedding, selection: Selection, fmt: Format) -> Response:

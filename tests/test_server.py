@@ -17,7 +17,7 @@ import torch
 
 import elmo_cache
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.selection import MixSpec
+from elmo_cache.selection import MixSpec, Selection
 from elmo_cache.server import Settings, create_app, load_resources
 from elmo_cache.text.tokenize import tokenize
 
@@ -627,15 +627,22 @@ def test_openapi_describes_every_parameter_and_error(encoder):
     assert set(spec["paths"]) == {"/embed", "/health", "/info", "/metrics"}
 
 
-def test_json_without_orjson_gives_the_same_numbers(encoder, layered_cache, monkeypatch):
-    from elmo_cache.server import formats
+def test_json_vectors_have_one_text():
+    """/embed's JSON is written by one encoder (orjson), so the same vectors always read as the same
+    text: the shortest float32 form of each value, float16 widened exactly, non-ASCII tokens as UTF-8."""
+    from elmo_cache.server.formats import Format, render_one
+    from elmo_cache.server.service import Embedding
 
-    app = create_app(settings(), encoder=encoder, cache=layered_cache)
-
-    async def scenario(client):
-        return (await client.get("/embed", params={"sentence": LINES[0]})).json()
-
-    monkeypatch.setattr(formats, "orjson", None)  # the stdlib path, used where orjson is not installed
-    plain = run(app, scenario)
-    np.testing.assert_array_equal(decode_item(plain), layered_cache[0])
-    assert plain["source"] == "cache" and plain["tokens"] == tokenize(LINES[0])
+    vectors = np.array([[[0.1, 1 / 3, -2.5e-8, 1e20], [0.0, -0.0, 65504.0, 1.5]]], dtype=np.float32)
+    body = render_one(Embedding(["Grüße", "."], vectors, "cache"), Selection(), Format.json).body
+    text = (
+        '{"source":"cache","tokens":["Grüße","."],"shape":[1,2,4],"dtype":"float32",'
+        '"vectors":[[[0.1,0.33333334,-2.5e-8,1e+20],[0.0,-0.0,65504.0,1.5]]],"layers":[0,1,2],"mix":null}'
+    )
+    assert body == text.encode()
+    half = vectors[:, :, :2].astype(np.float16)
+    body = render_one(Embedding(["a", "b"], half, "live"), Selection(layers=(2,)), Format.json).body
+    assert body == (
+        b'{"source":"live","tokens":["a","b"],"shape":[1,2,2],"dtype":"float16",'
+        b'"vectors":[[[0.099975586,0.33325195],[0.0,-0.0]]],"layers":[2],"mix":null}'
+    )

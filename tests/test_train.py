@@ -108,12 +108,12 @@ def test_kill_9_then_the_same_command_continues_from_the_checkpoint(tmp_path, co
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()[1].decode()
-        if checkpoint.is_file() and torch.load(checkpoint, weights_only=False)["step"] >= 3:
+        if checkpoint.is_file() and torch.load(checkpoint, weights_only=True)["step"] >= 3:
             break
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    killed_at = torch.load(checkpoint, weights_only=False)["step"]
+    killed_at = torch.load(checkpoint, weights_only=True)["step"]
     assert killed_at >= 3
     # Every file of the model directory is whole after the kill (written by rename).
     Encoder.from_files(output / "options.json", output / "weights.hdf5", device="cpu")
@@ -125,7 +125,7 @@ def test_kill_9_then_the_same_command_continues_from_the_checkpoint(tmp_path, co
     done = subprocess.run(finish, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"resumed at step {killed_at}" in done.stdout
-    assert torch.load(checkpoint, weights_only=False)["step"] == killed_at + 5
+    assert torch.load(checkpoint, weights_only=True)["step"] == killed_at + 5
     # ... and it took the same steps as an uninterrupted run of as many steps.
     whole = tmp_path / "whole"
     train(corpus, whole, replace(TINY, max_steps=killed_at + 5, threads=1))

@@ -773,17 +773,19 @@ def _shard_index(layout: Layout, present: int) -> bytes:
 def _encode_with_zarr(layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> bytes:
     """Vectors file ``k`` as zarr itself encodes it (compressed layouts), in memory."""
     import zarr
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
     from zarr.storage import MemoryStore
 
-    store = MemoryStore()
+    # Public API only: MemoryStore keeps its values in the mapping it is given (zarr Buffers, which
+    # have to_bytes()); zarr's store getters would need its private event-loop helpers.
     # write_empty_chunks as the array's config: zarr 3.1 ignores the global "array.write_empty_chunks" key.
-    array = zarr.create_array(store, **_vectors_array_spec(layout, n_rows), config={"write_empty_chunks": True})
+    files: dict[str, Any] = {}
+    array = zarr.create_array(
+        MemoryStore(files), **_vectors_array_spec(layout, n_rows), config={"write_empty_chunks": True}
+    )
     start = k * vectors_file_rows(layout)
     array[start : start + len(rows)] = rows
     key = "/".join(["c", str(k), *("0" * len(layout.row_shape))])
-    encoded = sync(store.get(key, prototype=default_buffer_prototype()))
+    encoded = files.get(key)
     assert encoded is not None, key
     return encoded.to_bytes()
 
@@ -897,13 +899,14 @@ def finish_group(
     renames the folder to ``output`` and removes the build folder.
     """
     import zarr
-    from zarr.core.sync import sync
 
     group = zarr.open_group(store=str(staging), mode="r+")
     vectors: Any = group["vectors"]
     rows = int(metadata["n_rows"])
     if vectors.shape[0] != rows:
-        sync(vectors.async_array.resize((rows, *vectors.shape[1:]), delete_outside_chunks=False))
+        # Public Array.resize (the private async_array is gone in some zarr 3 releases): it rewrites
+        # the shape in zarr.json and deletes only vectors files wholly past the new end, which hold no row.
+        vectors.resize((rows, *vectors.shape[1:]))
     # Block sums (FORMAT.md, "Block checksums"): the vectors' from the files' writers, the others' from memory.
     small_arrays = {**small_arrays, BLOCK_SUMS["vectors"]: _vector_block_sums(staging, vectors)}
     for name in ARRAYS[1:]:

@@ -355,7 +355,9 @@ def train(
 def _load_checkpoint(path: Path, fingerprint: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    # weights_only: unpickling may run code, and a checkpoint can come from anyone; it holds only
+    # tensors, numbers, strings, lists and dicts, which the restricted loader reads.
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if checkpoint.get("fingerprint") == fingerprint:
         return checkpoint
     if overwrite:

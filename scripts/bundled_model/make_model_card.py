@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     manifest = json.loads((args.corpus / "manifest.json").read_text())
     baselines = json.loads(args.baselines.read_text())
-    checkpoint = torch.load(args.model / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(args.model / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
     options = ModelOptions.from_file(args.model / "options.json")
     heldout = args.corpus / "heldout.txt"
     stream = perplexity(args.model, heldout, mode="stream")

@@ -1,0 +1,71 @@
+"""What a plain ``pip install elmo-cache`` (no ``server`` extra) must still do: import, build, read.
+
+Each check runs in a fresh interpreter in which the server extra's modules cannot be imported
+(``sys.modules[name] = None`` makes ``import name`` fail), as if they were not installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests._build_fixtures import corpus_lines, write_corpus
+
+SERVER_EXTRA = ("fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client", "orjson")
+
+WITHOUT_SERVER = textwrap.dedent(
+    f"""
+    import sys
+    for name in {SERVER_EXTRA!r}:
+        sys.modules[name] = None
+    """
+)
+
+
+def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_SERVER + textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_build_and_read_without_the_server_extra(tmp_path, tiny_model):
+    corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(6, seed=3))
+    output = tmp_path / "corpus.zarr"
+    done = python(
+        """
+        import sys
+        from elmo_cache.cli.main import cli
+        corpus, output, options, weights = sys.argv[1:]
+        args = ["build", corpus, "-o", output, "--options-file", options, "--weight-file", weights]
+        cli([*args, "--device", "cpu", "--no-progress"], standalone_mode=False)
+
+        import elmo_cache
+        with elmo_cache.open(output) as cache:
+            assert len(cache) == 6 and cache[0].shape[1] == len(cache.tokens(0)), cache[0].shape
+        loaded = sorted({name.split(".")[0] for name in sys.modules if sys.modules[name] is not None})
+        print("server modules loaded:", [name for name in loaded if name in {SERVER_EXTRA}])
+        """.replace("{SERVER_EXTRA}", repr(set(SERVER_EXTRA))),
+        str(corpus),
+        str(output),
+        str(tiny_model[0]),
+        str(tiny_model[1]),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "server modules loaded: []" in done.stdout
+
+
+def test_serve_without_the_server_extra_says_what_to_install(tmp_path):
+    done = python(
+        """
+        from elmo_cache.cli.main import main
+        sys.argv = ["elmo-cache", "serve", "--model", "bundled"]
+        main()
+        """
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert 'pip install "elmo-cache[server]"' in done.stderr
+    assert "Traceback" not in done.stderr
