@@ -176,17 +176,18 @@ class Hdf5Writer(Writer):
         tmp = self.staging / "cache.h5"
         tmp.unlink(missing_ok=True)
         self.vectors.sync()
-        source = self.vectors.read(rows)
+        shape = (rows, *self.layout.row_shape)
         # CRC-32 of each dataset's little-endian C-order bytes, computed from what is written.
         crcs: dict[str, int] = {}
         with h5py.File(tmp, "w") as f:
             f.attrs[META_KEY] = json.dumps({**metadata, "complete": False})
             # No chunks, no compression, fixed shape: contiguous, so readers can numpy.memmap it.
-            dataset = f.create_dataset("vectors", shape=source.shape, dtype=source.dtype)
+            dataset = f.create_dataset("vectors", shape=shape, dtype=self.vectors.dtype)
             step = max(1, _COPY_BYTES // max(1, self.layout.row_bytes))
             crc = 0
             for start in range(0, rows, step):
-                block = little_endian(source[start : start + step])
+                # Read, not memory-mapped: a map's pages would stay in the process, all the vectors by the end.
+                block = little_endian(self.vectors.read_range(start, min(rows, start + step)))
                 dataset[start : start + step] = block
                 crc = checksum(block, crc)
             crcs["vectors"] = crc
@@ -202,7 +203,6 @@ class Hdf5Writer(Writer):
                 "metadata": metadata_checksum(final),
             }
             f.attrs[META_KEY] = json.dumps(final)
-        del source
         fsync_path(tmp)
         self.close()
         os.replace(tmp, self.output)
