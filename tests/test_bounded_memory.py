@@ -45,8 +45,8 @@ def test_offsets_after_zero(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
-def test_build_with_the_index_sorted_in_runs_writes_the_same_cache(tmp_path, tiny_model, monkeypatch, fmt):
-    from elmo_cache.builder import BuildOptions, build
+def test_build_with_index_and_dedupe_on_disk_writes_the_same_cache(tmp_path, tiny_model, monkeypatch, fmt):
+    from elmo_cache.builder import BuildOptions, build, dedupe
     from elmo_cache.store import _sort, open_with_library
     from tests._build_fixtures import corpus_lines, write_corpus
 
@@ -69,7 +69,52 @@ def test_build_with_the_index_sorted_in_runs_writes_the_same_cache(tmp_path, tin
 
     reference = run("memory")
     monkeypatch.setattr(_sort, "RUN_ITEMS", 7)
+    monkeypatch.setattr(dedupe, "MEMORY_ITEMS", 3)  # dedupe's first occurrences spill to disk after 3
     runs = run("runs")
     assert sorted(runs) == sorted(reference) and len(reference["index/hashes"]) < len(reference["offsets"])
     for name in reference:
         np.testing.assert_array_equal(runs[name], reference[name], err_msg=name)
+
+
+def test_seen_sentences_on_disk_answer_as_in_memory(tmp_path):
+    from elmo_cache.builder.dedupe import SeenSentences
+
+    rng = np.random.default_rng(1)
+    memory, disk = SeenSentences(), SeenSentences(tmp_path / "seen", memory_items=50)
+    universe = rng.permutation(np.arange(1, 5000, dtype=np.uint64) * np.uint64(2**50 + 3))
+    added = 0
+    for _ in range(40):
+        hashes = universe[added : added + int(rng.integers(0, 60))]
+        added += len(hashes)
+        columns = (hashes, rng.integers(0, 10**9, len(hashes)), rng.integers(1, 99, len(hashes)).astype(np.int32))
+        checks = rng.integers(0, 2**63, len(hashes), dtype=np.uint64)
+        for seen in (memory, disk):
+            seen.add(*columns, checks)
+        ask = rng.choice(universe[: added + 100], 300)
+        for a, b in zip(memory.lookup(ask), disk.lookup(ask)):
+            np.testing.assert_array_equal(a, b)
+    # Bounded: at most memory_items entries in memory, the rest in O(log n) files.
+    assert sum(len(run[0]) for run in disk.runs) < 50 and 1 <= len(disk.disk) <= 8
+    disk.close()
+    assert not (tmp_path / "seen").exists()
+
+
+def test_seen_sentences_rebuild_on_disk_equals_in_memory(tmp_path, monkeypatch):
+    from elmo_cache.builder import dedupe
+
+    monkeypatch.setattr(dedupe, "_REBUILD_LINES", 16)
+    monkeypatch.setattr(dedupe, "MEMORY_ITEMS", 5)
+    rng = np.random.default_rng(2)
+    hashes = rng.integers(0, 40, 500).astype(np.uint64)
+    lengths = np.where(hashes % 7 == 0, 0, 1 + hashes % 5).astype(np.int32)
+    offsets = np.arange(500, dtype=np.int64) * 3
+    keys = lambda i: str(int(hashes[i])).encode()  # noqa: E731
+    memory = dedupe.SeenSentences.rebuild(hashes, offsets, lengths, keys)
+    disk = dedupe.SeenSentences.rebuild(hashes, offsets, lengths, keys, tmp_path / "seen")
+    everything = np.arange(45, dtype=np.uint64)
+    for a, b in zip(memory.lookup(everything), disk.lookup(everything)):
+        np.testing.assert_array_equal(a, b)
+    found, got_offsets, _, _ = memory.lookup(everything)
+    for h in range(40):  # the first non-empty occurrence of each hash
+        lines = np.flatnonzero((hashes == h) & (lengths > 0))
+        assert found[h] == bool(len(lines)) and (not len(lines) or got_offsets[h] == offsets[lines[0]])
