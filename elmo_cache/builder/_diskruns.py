@@ -21,6 +21,8 @@ RECORD = np.dtype([("hash", "<u8"), ("offset", "<i8"), ("length", "<i4"), ("chec
 STRIDE = 256
 """Records per block: one pread of 7 KiB per distinct block asked for, 8 bytes of index per block."""
 
+# Hashes looked up together (their blocks: up to 28 MiB).
+_LOOKUP_CHUNK = 4096
 # Records per read while merging two runs.
 _MERGE_BLOCK = 1 << 18
 
@@ -51,13 +53,23 @@ class DiskRun:
         if not self.size or not len(hashes):
             return found, records
         blocks = np.searchsorted(self.index, hashes, side="right") - 1
-        for b in np.unique(blocks[blocks >= 0]).tolist():
-            ask = np.flatnonzero(blocks == b)
-            block = self.read(b * STRIDE, min(self.size, (b + 1) * STRIDE))
-            pos = np.minimum(np.searchsorted(block["hash"], hashes[ask]), len(block) - 1)
-            hit = block["hash"][pos] == hashes[ask]
+        # A chunk of asked hashes at a time bounds the blocks held (each 7 KiB) whatever the window.
+        for start in range(0, len(hashes), _LOOKUP_CHUNK):
+            ask = start + np.flatnonzero(blocks[start : start + _LOOKUP_CHUNK] >= 0)
+            if not len(ask):
+                continue
+            wanted, row = np.unique(blocks[ask], return_inverse=True)
+            size = RECORD.itemsize * STRIDE
+            raw = b"".join(os.pread(self._fd, size, b * size) for b in wanted.tolist())
+            table = np.frombuffer(raw + bytes(len(wanted) * size - len(raw)), dtype=RECORD).reshape(-1, STRIDE)
+            valid = np.minimum(STRIDE, self.size - wanted * STRIDE)[row]  # the last block may be short
+            keys = table["hash"][row]  # (asked, STRIDE)
+            asked = hashes[ask]
+            below = (keys < asked[:, None]) & (np.arange(STRIDE) < valid[:, None])  # not the padding
+            pos = np.minimum(below.sum(axis=1), STRIDE - 1)
+            hit = (keys[np.arange(len(ask)), pos] == asked) & (pos < valid)
             found[ask[hit]] = True
-            records[ask[hit]] = block[pos[hit]]
+            records[ask[hit]] = table[row[hit], pos[hit]]
         return found, records
 
     def close(self, *, remove: bool = False) -> None:

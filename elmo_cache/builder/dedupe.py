@@ -35,8 +35,8 @@ def check_hashes(token_lists: Sequence[Sequence[str]]) -> np.ndarray:
     return check_hashes_of_keys(" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists)
 
 
-MEMORY_ITEMS = 1 << 21
-"""First occurrences a :class:`SeenSentences` with a folder keeps in memory (~56 MiB) before it writes them to disk."""
+MEMORY_ITEMS = 1 << 22
+"""First occurrences a :class:`SeenSentences` with a folder keeps in memory (~112 MiB) before it writes them to disk."""
 
 # Committed lines read at a time when the state of an interrupted build is rebuilt.
 _REBUILD_LINES = 1 << 16
