@@ -118,3 +118,33 @@ def test_seen_sentences_rebuild_on_disk_equals_in_memory(tmp_path, monkeypatch):
     for h in range(40):  # the first non-empty occurrence of each hash
         lines = np.flatnonzero((hashes == h) & (lengths > 0))
         assert found[h] == bool(len(lines)) and (not len(lines) or got_offsets[h] == offsets[lines[0]])
+
+
+def test_resume_with_dedupe_on_disk_equals_an_uninterrupted_build(tmp_path, tiny_encoder, monkeypatch):
+    from elmo_cache.builder import BuildOptions, build, dedupe
+    from elmo_cache.store import load_progress, open_with_library
+    from tests._build_fixtures import corpus_lines, write_corpus
+    from tests.test_resume import failing_on
+
+    monkeypatch.setattr(dedupe, "MEMORY_ITEMS", 4)
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(160, seed=3))
+    options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False, dedupe=True)
+
+    def arrays(path) -> dict[str, np.ndarray]:
+        _, _, found, close = open_with_library(path)
+        try:
+            return {name: np.array(array[...]) for name, array in found.items() if array is not None}
+        finally:
+            close()
+
+    reference = build(corpus, BuildOptions(output=tmp_path / "reference.zarr", **options), encoder=tiny_encoder)
+    output = tmp_path / "resumed.zarr"
+    for fail_at in (6, 9):  # crashes after some commits: the rerun rebuilds the dedupe state from them
+        with failing_on(tiny_encoder, fail_at), pytest.raises(RuntimeError, match="simulated crash"):
+            build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert 0 < load_progress(output).lines < 160
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    want, got = arrays(reference.path), arrays(output)
+    assert len(want["index/hashes"]) < len(want["offsets"])  # repeats were shared
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
