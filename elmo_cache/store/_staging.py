@@ -10,9 +10,10 @@ fsync'ed *before* ``progress.json`` is replaced atomically (write a temporary fi
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +35,7 @@ __all__ = [
     "encode_tokens",
     "sentence_index",
     "offsets_after_zero",
+    "array_blocks",
     "load_progress",
     "atomic_write_json",
     "fsync_path",
@@ -70,6 +72,27 @@ def offsets_after_zero(ends: Path, n: int, dest: Path) -> np.ndarray:
             out.write(chunk)
             left -= len(chunk)
     return np.memmap(dest, dtype=np.int64, mode="r", shape=(n + 1,))
+
+
+def array_blocks(data: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, copy of data[start:start + step])`` over a 1-D array. Pages of a whole-file map
+    (``RawColumn.read``) are dropped from the process once copied: left mapped, every page read
+    would stay resident, a corpus-sized share of the process by the end of a build. (The file's
+    pages stay in the page cache; only this process's hold on them goes.)"""
+    n = len(data)
+    whole_map = isinstance(data, np.memmap) and isinstance(data.base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    if whole_map:
+        base = data.base
+        assert isinstance(base, mmap.mmap)
+        where = data.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data  # the array's start in the map
+    for start in range(0, n, step):
+        block = np.array(data[start : start + step])
+        if whole_map:
+            lo = (where + start * data.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
+            hi = min(len(base), where + (start + len(block)) * data.itemsize)
+            if hi > lo:
+                base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        yield start, block
 
 
 @dataclass(frozen=True)

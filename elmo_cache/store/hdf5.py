@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
+from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, array_blocks, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
     CHECKSUM_ALGORITHM,
@@ -192,9 +192,13 @@ class Hdf5Writer(Writer):
                 crc = checksum(block, crc)
             crcs["vectors"] = crc
             for name, data in self.small_arrays().items():
-                array = little_endian(data)
-                f.create_dataset(name, data=array)
-                crcs[name] = checksum(array)
+                dataset = f.create_dataset(name, shape=data.shape, dtype=data.dtype.newbyteorder("<"))
+                crc = 0
+                for start, block in array_blocks(data, max(1, _COPY_BYTES // data.dtype.itemsize)):
+                    block = little_endian(block)
+                    dataset[start : start + len(block)] = block
+                    crc = checksum(block, crc)
+                crcs[name] = crc
             f.flush()
             final = {**metadata}
             final["checksums"] = {

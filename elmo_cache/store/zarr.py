@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
+from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, array_blocks, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
     BUILD_DIR,
@@ -645,6 +645,9 @@ def _compressor(name: str | None, itemsize: int) -> Any:
     raise AssertionError(name)
 
 
+# Bytes of a 1-D array written at a time when a cache is finished.
+_BLOCK_BYTES = 64 * 2**20
+
 # zarr's sharding codec marks an inner chunk that is not in the shard file with this offset and size.
 _ABSENT = 2**64 - 1
 
@@ -837,9 +840,10 @@ def finish_group(
             fill_value=0,
             overwrite=True,
         )
-        if len(data):
-            with zarr.config.set({"array.write_empty_chunks": True}):
-                array[:] = np.asarray(data)
+        with zarr.config.set({"array.write_empty_chunks": True}):
+            step = array.chunks[0] * max(1, _BLOCK_BYTES // (array.chunks[0] * data.dtype.itemsize))  # whole chunks
+            for start, block in array_blocks(data, step):
+                array[start : start + len(block)] = block
     for directory, _, files in os.walk(staging):
         parts = Path(directory).relative_to(staging).parts
         if parts[:1] == (BUILD_DIR,) or parts[:2] == ("vectors", "c"):
