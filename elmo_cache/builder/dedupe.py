@@ -10,10 +10,13 @@ keeps the hash and the later one is stored anew.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from elmo_cache.builder._diskruns import RECORD, DiskRun, merge_runs, write_run
 from elmo_cache.store.format import TEXT_ENCODING
 
 __all__ = ["SeenSentences", "assign_rows", "check_hashes", "check_hashes_of_keys"]
@@ -32,16 +35,32 @@ def check_hashes(token_lists: Sequence[Sequence[str]]) -> np.ndarray:
     return check_hashes_of_keys(" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists)
 
 
-class SeenSentences:
-    """First occurrences (hash -> offset, length) in sorted numpy runs, ~20 bytes per distinct sentence.
+MEMORY_ITEMS = 1 << 22
+"""First occurrences a :class:`SeenSentences` with a folder keeps in memory (~112 MiB) before it writes them to disk."""
 
-    (28 with the check hash.) A dict would need ~10x that for 100M sentences. Runs are merged when the newest is at
-    least half the size of the one before, so there are O(log n) of them to search.
+# Committed lines read at a time when the state of an interrupted build is rebuilt.
+_REBUILD_LINES = 1 << 16
+
+
+class SeenSentences:
+    """First occurrences (hash -> offset, length, check hash) in sorted runs, 28 bytes per distinct sentence.
+
+    A dict would need ~10x that. Runs are merged when the newest is at least half the size of the one
+    before, so there are O(log n) of them to search. With a ``directory``, memory stays bounded whatever
+    the corpus: once the runs in memory hold ``memory_items`` entries they go to disk as one sorted run
+    (:mod:`elmo_cache.builder._diskruns`), and runs on disk are merged the same way, file to file.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None, memory_items: int | None = None) -> None:
         # (hashes, offsets, lengths, check hashes), sorted by hash
         self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.directory = directory
+        self.memory_items = memory_items or MEMORY_ITEMS
+        self.disk: list[DiskRun] = []
+        self._files = 0
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)  # what a killed run left is rebuilt
+            directory.mkdir(parents=True)
 
     def lookup(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         found = np.zeros(len(hashes), dtype=bool)
@@ -55,6 +74,16 @@ class SeenSentences:
             lengths[hit] = run_lengths[pos[hit]]
             checks[hit] = run_checks[pos[hit]]
             found |= hit
+        for run in self.disk:
+            ask = np.flatnonzero(~found)
+            if not len(ask):
+                break
+            hit, records = run.lookup(hashes[ask])
+            where = ask[hit]
+            offsets[where] = records["offset"][hit]
+            lengths[where] = records["length"][hit]
+            checks[where] = records["check"][hit]
+            found[where] = True
         return found, offsets, lengths, checks
 
     def add(self, hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, checks: np.ndarray) -> None:
@@ -67,20 +96,62 @@ class SeenSentences:
             merged = [np.concatenate([x, y]) for x, y in zip(a, b)]
             order = np.argsort(merged[0], kind="stable")
             self.runs.append(tuple(m[order] for m in merged))  # type: ignore[arg-type]
+        if self.directory is not None and sum(len(run[0]) for run in self.runs) >= self.memory_items:
+            self._spill()
+
+    def _spill(self) -> None:
+        assert self.directory is not None
+        records = np.zeros(sum(len(run[0]) for run in self.runs), dtype=RECORD)
+        for field, k in (("hash", 0), ("offset", 1), ("length", 2), ("check", 3)):
+            records[field] = np.concatenate([run[k] for run in self.runs])
+        records = records[np.argsort(records["hash"], kind="stable")]
+        self.runs = []
+        self.disk.append(write_run(self._next_file(), records))
+        del records
+        while len(self.disk) >= 2 and 2 * self.disk[-1].size >= self.disk[-2].size:
+            b, a = self.disk.pop(), self.disk.pop()
+            self.disk.append(merge_runs(a, b, self._next_file()))
+            a.close(remove=True)
+            b.close(remove=True)
+
+    def _next_file(self) -> Path:
+        assert self.directory is not None
+        self._files += 1
+        return self.directory / f"seen-{self._files}.bin"
+
+    def close(self) -> None:
+        """Close and remove the runs on disk."""
+        for run in self.disk:
+            run.close(remove=True)
+        self.disk = []
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     @classmethod
     def rebuild(
-        cls, hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, key: Callable[[int], bytes]
+        cls,
+        hashes: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        key: Callable[[int], bytes],
+        directory: Path | None = None,
     ) -> SeenSentences:
         """The state after the committed lines (``key(i)``: line i's stored key): the first
-        occurrence of every non-empty sentence's hash, which is the one rows were shared with."""
-        seen = cls()
-        keep = np.flatnonzero(lengths > 0)
-        if len(keep):
-            _, first = np.unique(hashes[keep], return_index=True)
-            lines = keep[first]
+        occurrence of every non-empty sentence's hash, which is the one rows were shared with.
+        Read a block of lines at a time, so that it needs no more memory than the build."""
+        seen = cls(directory)
+        for start in range(0, len(hashes), _REBUILD_LINES):
+            stop = min(len(hashes), start + _REBUILD_LINES)
+            keep = start + np.flatnonzero(np.asarray(lengths[start:stop]) > 0)
+            if not len(keep):
+                continue
+            block = np.asarray(hashes[keep])
+            _, first = np.unique(block, return_index=True)
+            lines, block = keep[first], block[first]
+            new = ~seen.lookup(block)[0]
+            lines, block = lines[new], block[new]
             seen.add(
-                np.asarray(hashes[lines]),
+                block,
                 np.asarray(offsets[lines]),
                 np.asarray(lengths[lines]),
                 check_hashes_of_keys(key(i) for i in lines.tolist()),

@@ -65,7 +65,8 @@ from elmo_cache.store import (
     vectors_file_rows,
     write_vectors_file,
 )
-from elmo_cache.store._staging import atomic_write_json, fsync_path, sentence_index
+from elmo_cache.store._sort import sort_index
+from elmo_cache.store._staging import atomic_write_json, fsync_path, offsets_after_zero
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.store.lock import output_lock
 from elmo_cache.text.corpus import Corpus
@@ -706,9 +707,8 @@ def _finish(
             f"{staging}: vectors files {missing[:10]} were written by no part; rerun with --overwrite"
         )
 
-    hashes, lines = sentence_index(first.hashes)
-    starts = np.zeros(first.n_lines + 1, dtype=np.int64)
-    starts[1:] = first.text_ends
+    hashes, lines = sort_index(lambda a, b: first.hashes[a:b], first.n_lines, staging / BUILD_DIR / "index")
+    starts = offsets_after_zero(first.directory / "text_ends.bin", first.n_lines, staging / BUILD_DIR / "offsets.bin")
     small = {
         "offsets": first.offsets,
         "lengths": first.lengths,

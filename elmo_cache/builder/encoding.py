@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from elmo_cache.builder._alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
@@ -108,6 +109,9 @@ class WindowEncoder:
     """Turns windows into rows in input order, in the stored layout and dtype."""
 
     def __init__(self, encoder: Any, plan: Plan, batch_tokens: int):
+        # Both engines encode windows through here: without it the process's heap creeps up window after
+        # window (see elmo_cache.builder._alloc).
+        fix_mmap_threshold()
         self.encoder = encoder
         self.selection = plan.selection
         self.batch_tokens = batch_tokens

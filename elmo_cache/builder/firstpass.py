@@ -109,7 +109,7 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
     directory.mkdir(parents=True, exist_ok=True)
     (directory / PLAN_FILE).unlink(missing_ok=True)
     columns = _columns(directory)
-    seen = SeenSentences() if dedupe else None
+    seen = SeenSentences(directory / "seen") if dedupe else None
     rows = tokens = text_bytes = lines = 0
     n_windows = 0
 
@@ -151,6 +151,8 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
     finally:
         for column in columns.values():
             column.close()
+        if seen is not None:
+            seen.close()
     fsync_path(directory, directory=True)
     counts = {"lines": lines, "rows": rows, "tokens": tokens, "text_bytes": text_bytes, "windows": n_windows}
     atomic_write_json(directory / PLAN_FILE, {**info, **counts})

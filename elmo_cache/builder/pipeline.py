@@ -327,6 +327,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
             np.asarray(writer.offsets.read(progress.lines)),
             np.asarray(writer.lengths.read(progress.lines)),
             writer.committed_key,
+            writer.build_dir / "seen",
         )
     encode = WindowEncoder(encoder, plan, batch_tokens)
 
@@ -396,6 +397,8 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer
         if bar is not None:
             bar.close()
         reader.join(timeout=5)
+        if seen is not None:
+            seen.close()
     if writer_thread.error is not None:
         exc = writer_thread.error
         if isinstance(exc, ElmoCacheError):

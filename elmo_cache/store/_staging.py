@@ -10,9 +10,10 @@ fsync'ed *before* ``progress.json`` is replaced atomically (write a temporary fi
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,7 +21,11 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store._sort import index_in_memory, sort_index
 from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE, TEXT_ENCODING, staging_path
+
+# Bytes per read when a staging file is copied or read in pieces.
+_COPY_BLOCK = 16 * 2**20
 
 __all__ = [
     "Layout",
@@ -29,6 +34,8 @@ __all__ = [
     "Writer",
     "encode_tokens",
     "sentence_index",
+    "offsets_after_zero",
+    "array_blocks",
     "load_progress",
     "atomic_write_json",
     "fsync_path",
@@ -47,13 +54,45 @@ def encode_tokens(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.
 
 def sentence_index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``index/hashes`` and ``index/rows`` of FORMAT.md from every line's hash: the sorted distinct
-    hashes and the line of each one's first occurrence (about 24 bytes of memory per line)."""
-    hashes = np.array(hashes)
-    order = np.argsort(hashes, kind="stable")  # stable: ties keep line order, so first = earliest
-    ordered = hashes[order]
-    first = np.ones(len(ordered), dtype=bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    return ordered[first], order[first].astype(np.int64)
+    hashes and the line of each one's first occurrence, sorted in memory (about 33 bytes per line;
+    :func:`elmo_cache.store._sort.sort_index` does it in bounded memory)."""
+    return index_in_memory(hashes)
+
+
+def offsets_after_zero(ends: Path, n: int, dest: Path) -> np.ndarray:
+    """``[0, *ends[:n]]`` (int64) written to ``dest`` and memory-mapped: ``tokens/offsets`` from the
+    ``text_ends`` column, copied file to file instead of built in memory (8 bytes a line)."""
+    with open(ends, "rb") as source, open(dest, "wb") as out:
+        out.write(bytes(8))
+        left = n * 8
+        while left:
+            chunk = source.read(min(left, _COPY_BLOCK))
+            if not chunk:
+                raise CacheFormatError(f"{ends}: shorter than its {n} committed items")
+            out.write(chunk)
+            left -= len(chunk)
+    return np.memmap(dest, dtype=np.int64, mode="r", shape=(n + 1,))
+
+
+def array_blocks(data: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, copy of data[start:start + step])`` over a 1-D array. Pages of a whole-file map
+    (``RawColumn.read``) are dropped from the process once copied: left mapped, every page read
+    would stay resident, a corpus-sized share of the process by the end of a build. (The file's
+    pages stay in the page cache; only this process's hold on them goes.)"""
+    n = len(data)
+    whole_map = isinstance(data, np.memmap) and isinstance(data.base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    if whole_map:
+        base = data.base
+        assert isinstance(base, mmap.mmap)
+        where = data.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data  # the array's start in the map
+    for start in range(0, n, step):
+        block = np.array(data[start : start + step])
+        if whole_map:
+            lo = (where + start * data.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
+            hi = min(len(base), where + (start + len(block)) * data.itemsize)
+            if hi > lo:
+                base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        yield start, block
 
 
 @dataclass(frozen=True)
@@ -180,6 +219,17 @@ class RawColumn:
             return np.empty((0, *self.item_shape), dtype=self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(count, *self.item_shape))
 
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Items ``[start, stop)`` read into memory (no map: the pages do not stay in the process)."""
+        count = max(0, stop - start)
+        data = np.fromfile(
+            self.path,
+            dtype=self.dtype,
+            count=count * max(1, self.item_bytes // self.dtype.itemsize),
+            offset=start * self.item_bytes,
+        )
+        return data.reshape(count, *self.item_shape)
+
 
 class Writer:
     """Common part of the container writers: staging folder, per-sentence columns, progress.
@@ -288,20 +338,19 @@ class Writer:
     def index(self) -> tuple[np.ndarray, np.ndarray]:
         """The sorted distinct hashes and the line of each one's first occurrence.
 
-        Sorting needs about 24 bytes of memory per sentence (2.4 GB for 100M lines).
+        Sorted in runs on disk (:func:`~elmo_cache.store._sort.sort_index`): memory does not grow with the corpus.
         """
         cached = getattr(self, "_index", None)
         if cached is not None and cached[0] == self.progress.lines:
             return cached[1]
-        result = sentence_index(self.hashes.read(self.progress.lines))
+        result = sort_index(self.hashes.read_range, self.progress.lines, self.build_dir / "index")
         self._index = (self.progress.lines, result)
         return result
 
     def small_arrays(self) -> dict[str, np.ndarray]:
         n = self.progress.lines
         hashes, rows = self.index()
-        starts = np.zeros(n + 1, dtype=np.int64)
-        starts[1:] = self.text_ends.read(n)
+        starts = offsets_after_zero(self.text_ends.path, n, self.build_dir / "token_offsets.bin")
         return {
             "offsets": self.offsets.read(n),
             "lengths": self.lengths.read(n),

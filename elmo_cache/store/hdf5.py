@@ -29,7 +29,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._blocksums import block_sums, sums_listing
-from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
+from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, array_blocks, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
     BLOCK_SUMS,
@@ -181,29 +181,39 @@ class Hdf5Writer(Writer):
         tmp = self.staging / "cache.h5"
         tmp.unlink(missing_ok=True)
         self.vectors.sync()
-        source = self.vectors.read(rows)
+        shape = (rows, *self.layout.row_shape)
         # CRC-32 of each dataset's little-endian C-order bytes, computed from what is written.
         crcs: dict[str, int] = {}
         with h5py.File(tmp, "w") as f:
             f.attrs[META_KEY] = json.dumps({**metadata, "complete": False})
             # No chunks, no compression, fixed shape: contiguous, so readers can numpy.memmap it.
-            dataset = f.create_dataset("vectors", shape=source.shape, dtype=source.dtype)
+            dataset = f.create_dataset("vectors", shape=shape, dtype=self.vectors.dtype)
             # Block sums (FORMAT.md) as the rows are copied: a step is a whole number of blocks.
             block_rows = vector_block_rows(self.layout.row_bytes, None)
             step = max(1, _COPY_BYTES // max(1, self.layout.row_bytes * block_rows)) * block_rows
             crc, sums = 0, []
             for start in range(0, rows, step):
-                block = little_endian(source[start : start + step])
+                # Read, not memory-mapped: a map's pages would stay in the process, all the vectors by the end.
+                block = little_endian(self.vectors.read_range(start, min(rows, start + step)))
                 dataset[start : start + step] = block
                 crc = checksum(block, crc)
                 sums.append(block_sums(block, block_rows))
             crcs["vectors"] = crc
-            arrays = {name: little_endian(data) for name, data in self.small_arrays().items()}
-            arrays[BLOCK_SUMS["vectors"]] = np.concatenate(sums) if sums else np.empty(0, np.uint32)
-            for name in ARRAYS[1:]:
-                if name in arrays:
-                    arrays[BLOCK_SUMS[name]] = block_sums(arrays[name], SMALL_BLOCK_ROWS)
-            for name, array in arrays.items():
+            all_sums = {BLOCK_SUMS["vectors"]: np.concatenate(sums) if sums else np.empty(0, np.uint32)}
+            for name, data in self.small_arrays().items():
+                # Copied a block at a time (a whole copy would stay resident); a step is whole sum blocks.
+                dataset = f.create_dataset(name, shape=data.shape, dtype=data.dtype.newbyteorder("<"))
+                crc, sums = 0, []
+                step = max(1, _COPY_BYTES // (data.dtype.itemsize * SMALL_BLOCK_ROWS)) * SMALL_BLOCK_ROWS
+                for start, block in array_blocks(data, step):
+                    block = little_endian(block)
+                    dataset[start : start + len(block)] = block
+                    crc = checksum(block, crc)
+                    sums.append(block_sums(block, SMALL_BLOCK_ROWS))
+                crcs[name] = crc
+                if name in BLOCK_SUMS:
+                    all_sums[BLOCK_SUMS[name]] = np.concatenate(sums) if sums else np.empty(0, np.uint32)
+            for name, array in all_sums.items():
                 array = little_endian(array)
                 f.create_dataset(name, data=array)
                 crcs[name] = checksum(array)
@@ -216,7 +226,6 @@ class Hdf5Writer(Writer):
                 "blocks": sums_listing(block_rows),
             }
             f.attrs[META_KEY] = json.dumps(final)
-        del source
         fsync_path(tmp)
         self.close()
         os.replace(tmp, self.output)

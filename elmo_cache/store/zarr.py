@@ -56,7 +56,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
 from elmo_cache.store._blocksums import BlockSummer, block_sums, read_sums_file, sums_listing, write_sums_file
-from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, fsync_path
+from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, array_blocks, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
     BLOCK_SUMS,
@@ -702,6 +702,9 @@ def _compressor(name: str | None, itemsize: int) -> Any:
     raise AssertionError(name)
 
 
+# Bytes of a 1-D array written at a time when a cache is finished.
+_BLOCK_BYTES = 64 * 2**20
+
 # zarr's sharding codec marks an inner chunk that is not in the shard file with this offset and size.
 _ABSENT = 2**64 - 1
 
@@ -883,6 +886,30 @@ def _write_checksums(staging: Path, known: dict[str, tuple[int, int]]) -> None:
         os.fsync(f.fileno())
 
 
+def _write_small_array(group: Any, name: str, data: np.ndarray) -> np.ndarray:
+    """Write 1-D ``data`` as array ``name`` of ``group`` a block at a time; returns its block sums."""
+    array = group.create_array(
+        name,
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=(max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK)),),
+        compressors=None,
+        fill_value=0,
+        overwrite=True,
+        # Every chunk written, zeros too, so that an absent file always means damage (a reader refuses
+        # it). As the array's config: zarr 3.1 ignores the global "array.write_empty_chunks" key.
+        config={"write_empty_chunks": True},
+    )
+    # Whole chunks and whole sum blocks per step, so each chunk is written once and each sum is of one block.
+    unit = math.lcm(array.chunks[0], SMALL_BLOCK_ROWS)
+    step = unit * max(1, _BLOCK_BYTES // (unit * data.dtype.itemsize))
+    sums = []
+    for start, block in array_blocks(data, step):
+        array[start : start + len(block)] = block
+        sums.append(block_sums(block, SMALL_BLOCK_ROWS))
+    return np.concatenate(sums) if sums else np.empty(0, np.uint32)
+
+
 def finish_group(
     staging: Path,
     output: Path,
@@ -907,26 +934,13 @@ def finish_group(
         # Public Array.resize (the private async_array is gone in some zarr 3 releases): it rewrites
         # the shape in zarr.json and deletes only vectors files wholly past the new end, which hold no row.
         vectors.resize((rows, *vectors.shape[1:]))
-    # Block sums (FORMAT.md, "Block checksums"): the vectors' from the files' writers, the others' from memory.
-    small_arrays = {**small_arrays, BLOCK_SUMS["vectors"]: _vector_block_sums(staging, vectors)}
-    for name in ARRAYS[1:]:
-        if name in small_arrays:
-            small_arrays[BLOCK_SUMS[name]] = block_sums(np.asarray(small_arrays[name]), SMALL_BLOCK_ROWS)
+    # Block sums (FORMAT.md, "Block checksums"): the vectors' from the files' writers, the others' as their
+    # blocks are copied in (a block at a time: a whole copy would stay resident, bytes per line of corpus).
+    sums = {BLOCK_SUMS["vectors"]: _vector_block_sums(staging, vectors)}
     for name, data in small_arrays.items():
-        array = group.create_array(
-            name,
-            shape=data.shape,
-            dtype=data.dtype,
-            chunks=(max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK)),),
-            compressors=None,
-            fill_value=0,
-            overwrite=True,
-            # Every chunk written, zeros too, so that an absent file always means damage (a reader refuses
-            # it). As the array's config: zarr 3.1 ignores the global "array.write_empty_chunks" key.
-            config={"write_empty_chunks": True},
-        )
-        if len(data):
-            array[:] = np.asarray(data)
+        sums[BLOCK_SUMS[name]] = _write_small_array(group, name, data)
+    for name, data in sums.items():
+        _write_small_array(group, name, data)
     for directory, _, files in os.walk(staging):
         parts = Path(directory).relative_to(staging).parts
         if parts[:1] == (BUILD_DIR,) or parts[:2] == ("vectors", "c"):
