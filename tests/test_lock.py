@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,46 +22,27 @@ from elmo_cache.errors import IncompleteCacheError, OutputLockedError
 from elmo_cache.store.format import staging_path
 from elmo_cache.store.lock import current_builder, lock_path, output_lock
 from tests._build_fixtures import corpus_lines, write_corpus
+from tests.test_resume import _command
 
 LINES = corpus_lines(40, seed=11)
 
 
-def _build_from_stdin(output: Path, model: tuple[Path, Path]) -> subprocess.Popen:
-    """A CLI build reading stdin: it takes the lock, then waits for input for as long as the test wants."""
-    command = [
-        sys.executable,
-        "-c",
-        "from elmo_cache.cli.main import main; main()",
-        "build",
-        "-",
-        "-o",
-        str(output),
-        "--options-file",
-        str(model[0]),
-        "--weight-file",
-        str(model[1]),
-        "--device",
-        "cpu",
-        "--no-progress",
-        "--commit-seconds",
-        "0",
-        "--batch-tokens",
-        "16",
-        "--window-batches",
-        "1",
-    ]
+def _build_from_stdin(output: Path, model: tuple[Path, Path], lines: list[str]) -> subprocess.Popen:
+    """A CLI build reading stdin, fed ``lines`` and kept waiting for more (its lock held) until the
+    test closes ``process.stdin``."""
+    command = _command(Path("-"), output, model, [])  # test_resume's: small windows, commits at each
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
+    process = subprocess.Popen(
         command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-
-
-def _wait_for_lock(output: Path, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
+    assert process.stdin is not None
+    process.stdin.write("\n".join(lines) + "\n")
+    process.stdin.flush()
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         owner = current_builder(output)
         if owner is not None and owner.pid == process.pid:
-            return
+            return process
         if process.poll() is not None:
             raise AssertionError(f"the build exited early: {process.communicate()}")
         time.sleep(0.05)
@@ -84,12 +64,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 def test_a_second_build_is_refused_while_the_first_runs_and_readers_are_told(tmp_path, tiny_model, tiny_encoder):
     output = tmp_path / "c.zarr"
-    process = _build_from_stdin(output, tiny_model)
+    process = _build_from_stdin(output, tiny_model, LINES[:10])
     try:
         with process.stdin as stream:
-            stream.write("\n".join(LINES[:10]) + "\n")
-            stream.flush()
-            _wait_for_lock(output, process)
             expected = f"is being built by pid {process.pid} on {socket.gethostname()}"
 
             corpus = write_corpus(tmp_path / "other.txt", LINES)
@@ -133,12 +110,9 @@ def test_a_second_build_is_refused_while_the_first_runs_and_readers_are_told(tmp
 
 def test_a_lock_left_by_a_killed_build_never_blocks_the_next(tmp_path, tiny_model, tiny_encoder):
     output = tmp_path / "c.h5"
-    process = _build_from_stdin(output, tiny_model)
+    process = _build_from_stdin(output, tiny_model, LINES[:10])
     try:
-        with process.stdin as stream:
-            stream.write("\n".join(LINES[:10]) + "\n")
-            stream.flush()
-            _wait_for_lock(output, process)
+        with process.stdin:
             deadline = time.monotonic() + 60
             while _committed(output) <= 0 and time.monotonic() < deadline:
                 time.sleep(0.05)  # small windows: the first lines are committed while stdin stays open

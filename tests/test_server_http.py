@@ -19,22 +19,7 @@ import uvicorn
 
 import elmo_cache
 from elmo_cache.server import Settings, create_app
-
-
-class Gated:
-    """A real encoder that waits for the test to open its gate before each batch."""
-
-    def __init__(self, encoder):
-        self._encoder = encoder
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-        self.output_dim = encoder.output_dim
-        self.identity = encoder.identity
-
-    def embed_batch(self, sentences):
-        self.entered.set()
-        assert self.gate.wait(30), "the test never opened the gate"
-        return self._encoder.embed_batch(sentences)
+from tests.test_server import GatedEncoder
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +73,7 @@ def _depth(client: httpx.Client) -> float:
 
 
 def test_a_full_queue_answers_429_over_http(encoder, serve):
-    gated = Gated(encoder)
+    gated = GatedEncoder(encoder)
     url = serve(create_app(Settings(queue_size=1, max_wait_ms=0), encoder=gated))
     with httpx.Client(base_url=url, timeout=30) as client, ThreadPoolExecutor(2) as pool:
         first = pool.submit(client.get, "/embed", params={"sentence": "one unseen sentence"})
@@ -107,7 +92,7 @@ def test_a_full_queue_answers_429_over_http(encoder, serve):
 
 
 def test_a_slow_live_answer_is_503_over_http_and_later_requests_are_served(encoder, serve):
-    gated = Gated(encoder)
+    gated = GatedEncoder(encoder)
     url = serve(create_app(Settings(live_timeout_s=0.3, max_wait_ms=0), encoder=gated))
     with httpx.Client(base_url=url, timeout=30) as client:
         started = time.monotonic()
