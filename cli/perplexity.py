@@ -19,8 +19,9 @@ __all__ = ["perplexity_command"]
     default="stream",
     show_default=True,
     type=click.Choice(MODES),
-    help="stream: LSTM state carried across sentences in file order (as trained); "
-    "sentence: each sentence alone from the zero state (as the encoder runs).",
+    help="stream: LSTM state carried across sentences in file order (as bilm-tf trains); "
+    "sentence: each sentence alone from the zero state (as the encoder runs by default); "
+    "warm: each sentence alone from the encoder's warm state (--initial-state warm).",
 )
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available.")

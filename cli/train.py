@@ -58,6 +58,13 @@ kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
 @click.option("--dropout", type=float, default=0.1, show_default=True)
 @click.option("--learning-rate", type=float, default=0.2, show_default=True, help="Adagrad learning rate.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--reset-share",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Train for the encoder's use: rows begin at sentence starts and this share of sentences "
+    "starts from the zero state (default: bilm-tf's carried state throughout).",
+)
 @click.option("--checkpoint-minutes", type=float, default=5.0, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available.")
 @click.option(
@@ -86,6 +93,7 @@ def train_command(
     dropout,
     learning_rate,
     seed,
+    reset_share,
     checkpoint_minutes,
     device,
     threads,
@@ -111,6 +119,7 @@ def train_command(
         dropout=dropout,
         learning_rate=learning_rate,
         seed=seed,
+        reset_share=reset_share,
         checkpoint_seconds=checkpoint_minutes * 60.0,
         device=device,
         threads=threads,

@@ -149,13 +149,22 @@ class TrainableBiLM(nn.Module):
         ]
 
     def lstm(
-        self, x: torch.Tensor, state: list[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        x: torch.Tensor,
+        state: list[tuple[torch.Tensor, torch.Tensor]],
+        resets: torch.Tensor | None = None,
     ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
         """Run both LSTM stacks over ``x`` (2, B, T, P) from ``state``.
 
         Returns every layer's output (2, B, T, P), skip connections applied, and the final state.
         Dropout (training mode) hits every layer's input, before the skip connection reads it.
+        ``resets`` (B, T) bool: where True, row b reads step t from the zero state (both
+        directions, every layer), as if the text before it were not there.
         """
+        keep: dict[int, torch.Tensor] = {}
+        if resets is not None:
+            for t in torch.nonzero(resets.any(0)).flatten().tolist():
+                keep[t] = (~resets[:, t]).to(x.dtype).view(1, -1, 1)
         options = self.options
         p, d = options.projection_dim, options.lstm_dim
         cell_clip, proj_clip = options.cell_clip, options.proj_clip
@@ -175,6 +184,8 @@ class TrainableBiLM(nn.Module):
             h, c = state[layer]
             hs = []
             for t in range(steps):
+                if t in keep:
+                    h, c = h * keep[t], c * keep[t]
                 gates = torch.baddbmm(gates_steps[t], h, w_h)
                 i, j, f, o = gates.chunk(4, dim=-1)
                 c = torch.sigmoid(f + FORGET_BIAS) * c + torch.sigmoid(i) * torch.tanh(j)
@@ -197,14 +208,16 @@ class TrainableBiLM(nn.Module):
         type_ids: torch.Tensor,
         char_table: torch.Tensor,
         state: list[tuple[torch.Tensor, torch.Tensor]],
+        resets: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
         """Type ids (2, B, T) -> token embeddings (2, B, T, P), layer outputs, final state.
 
-        The char-CNN runs once per distinct word of the batch, not once per token.
+        The char-CNN runs once per distinct word of the batch, not once per token. ``resets``:
+        see :meth:`lstm`.
         """
         unique, inverse = torch.unique(type_ids, return_inverse=True)
         embedded = self.token_embeddings(char_table[unique])[inverse]
-        outputs, final = self.lstm(embedded, state)
+        outputs, final = self.lstm(embedded, state, resets)
         return embedded, outputs, final
 
     def top_hidden(self, outputs: list[torch.Tensor]) -> torch.Tensor:

@@ -45,12 +45,16 @@ class StreamBatch:
     """One training step: ``inputs`` and ``targets`` are (2, batch, unroll), direction 0 = forward.
 
     ``inputs`` holds type ids, ``targets`` softmax ids; ``weights`` is 1 where a target counts
-    (0 for the stream's tail and for the trivial sentence start after an end).
+    (0 for the stream's tail and for the trivial sentence start after an end). ``resets``
+    (batch, unroll), when given, is True where a sentence begins that is to be read from the
+    initial (zero) LSTM state instead of the state carried from the text before it, in both
+    directions.
     """
 
     inputs: np.ndarray
     targets: np.ndarray
     weights: np.ndarray
+    resets: np.ndarray | None = None
 
 
 class TokenizedCorpus:
@@ -125,23 +129,68 @@ class TokenizedCorpus:
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         return np.random.default_rng([seed, epoch]).permutation(self.n_sentences)
 
-    def batches_per_epoch(self, batch_size: int, unroll: int) -> int:
-        row = (self.n_tokens + 2 * self.n_sentences) // batch_size
+    def batches_per_epoch(self, batch_size: int, unroll: int, reset_share: float | None = None) -> int:
+        if reset_share is None:
+            row = (self.n_tokens + 2 * self.n_sentences) // batch_size
+        else:
+            row = self._sentence_row_length(batch_size)
         return max(0, (row - 1) // unroll)
 
+    def _sentence_row_length(self, batch_size: int) -> int:
+        """How far every row of :meth:`_sentence_rows` is read, whatever the sentence order: a row
+        starts less than one longest sentence after its even cut and ends at or after the next."""
+        longest = int(self.lengths.max()) + 2 if self.n_sentences else 0
+        return (self.n_tokens + 2 * self.n_sentences) // batch_size - longest
+
+    def _sentence_rows(self, order: np.ndarray, batch_size: int) -> np.ndarray:
+        """Stream positions where ``batch_size`` rows begin: the first sentence start at or after
+        each even cut of the stream."""
+        starts = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(self.lengths[order] + 2, out=starts[1:])
+        wanted = np.arange(batch_size) * starts[-1] // batch_size
+        return starts[np.searchsorted(starts[:-1], wanted, side="left").clip(max=len(order) - 1)]
+
     def epoch_batches(
-        self, seed: int, epoch: int, batch_size: int, unroll: int, start: int = 0
+        self,
+        seed: int,
+        epoch: int,
+        batch_size: int,
+        unroll: int,
+        start: int = 0,
+        reset_share: float | None = None,
     ) -> Iterator[StreamBatch]:
-        """Batches ``start..`` of one epoch (each a pure function of its arguments)."""
-        forward, backward = self.streams(self.epoch_order(seed, epoch))
-        rows = len(forward) // batch_size
-        both = np.stack([forward[: rows * batch_size], backward[: rows * batch_size]]).reshape(2, batch_size, rows)
+        """Batches ``start..`` of one epoch (each a pure function of its arguments).
+
+        ``reset_share`` None: bilm-tf's layout, the shuffled stream cut into ``batch_size`` equal
+        rows (which may begin mid-sentence) with the LSTM state carried throughout. A number in
+        [0, 1]: every row begins at a sentence start, and that share of the sentences (drawn per
+        epoch from the seed) is read from the initial state, as the encoder reads every sentence;
+        the others carry the state of the text before them.
+        """
+        order = self.epoch_order(seed, epoch)
+        forward, backward = self.streams(order)
         bos, eos = self.vocab.id(BOS), self.vocab.id(EOS)
-        for k in range(start, self.batches_per_epoch(batch_size, unroll)):
+        if reset_share is None:
+            rows = len(forward) // batch_size
+            both = np.stack([forward[: rows * batch_size], backward[: rows * batch_size]]).reshape(2, batch_size, rows)
+            resets = None
+        else:
+            cuts, rows = self._sentence_rows(order, batch_size), max(self._sentence_row_length(batch_size), 0)
+            take = (cuts[:, None] + np.arange(rows)).reshape(-1)
+            both = np.stack([forward[take], backward[take]]).reshape(2, len(cuts), rows)
+            # Its own generator, so that the share changes which sentences reset and nothing else.
+            chosen = np.random.default_rng([seed, epoch, 1]).random(len(order)) < reset_share
+            starts = np.zeros(len(order), dtype=np.int64)
+            np.cumsum(self.lengths[order][:-1] + 2, out=starts[1:])
+            reset_at = np.zeros(len(forward), dtype=bool)
+            reset_at[starts[chosen]] = True
+            resets = reset_at[take].reshape(len(cuts), rows)
+        for k in range(start, self.batches_per_epoch(batch_size, unroll, reset_share)):
             window = both[:, :, k * unroll : (k + 1) * unroll + 1]
             inputs = window[:, :, :-1]
             targets = self.type_to_target[window[:, :, 1:]]
-            yield StreamBatch(inputs.copy(), targets, _counted(targets, bos, eos))
+            batch_resets = None if resets is None else resets[:, k * unroll : (k + 1) * unroll].copy()
+            yield StreamBatch(inputs.copy(), targets, _counted(targets, bos, eos), batch_resets)
 
     def evaluation_batches(self, batch_size: int, unroll: int) -> Iterator[StreamBatch]:
         """The text in file order, cut into at most ``batch_size`` rows that each begin at a sentence

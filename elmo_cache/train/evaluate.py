@@ -22,14 +22,19 @@ import numpy as np
 import torch
 
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model.chars import sentence_char_ids
+from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.data import StreamBatch, TokenizedCorpus
 from elmo_cache.train.files import load_trained_model
 from elmo_cache.train.softmax import full_softmax_loss
 from elmo_cache.train.vocab import BOS, EOS
 
-__all__ = ["PerplexityResult", "perplexity", "MODES"]
+__all__ = ["PerplexityResult", "perplexity", "warm_state", "MODES"]
 
-MODES = ("stream", "sentence")
+# stream: state carried across sentences in file order (as bilm-tf trains); sentence: every
+# sentence from the zero state (the encoder's default); warm: every sentence from the encoder's
+# "warm" state (the state reached after reading WARMUP_TEXT).
+MODES = ("stream", "sentence", "warm")
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,13 @@ def perplexity(
     nll = np.zeros(2)
     counted = np.zeros(2)
     batches = data.evaluation_batches(batch_size, unroll) if mode == "stream" else _sentence_batches(data, batch_size)
+    warm = warm_state(model) if mode == "warm" else None
     state = None
     for batch in batches:
         inputs = torch.from_numpy(batch.inputs).to(device=resolved, dtype=torch.int64)
-        if mode == "sentence" or state is None:
+        if warm is not None:
+            state = [(h.expand(-1, inputs.shape[1], -1), c.expand(-1, inputs.shape[1], -1)) for h, c in warm]
+        elif mode == "sentence" or state is None:
             state = model.zero_state(inputs.shape[1], resolved)
         _, outputs, state = model(inputs, char_table, state)
         top = outputs[-1]
@@ -103,6 +111,27 @@ def perplexity(
         oov_rate=data.oov_rate(),
         mode=mode,
     )
+
+
+def warm_state(model: TrainableBiLM) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The encoder's "warm" initial state for a trainable model: per layer ``(h (2, 1, P), c (2, 1, D))``
+    after reading :data:`~elmo_cache.encoder.WARMUP_TEXT` from zeros, one sentence after another,
+    each direction reading every sentence in its own order (as the encoder's carried state does)."""
+    from elmo_cache.encoder import WARMUP_TEXT
+
+    device = model.softmax_weight.device
+    state = model.zero_state(1, device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for sentence in WARMUP_TEXT:
+                chars = sentence_char_ids(sentence.split(), model.options.max_characters_per_token) - 1
+                embedded = model.token_embeddings(torch.from_numpy(chars).to(device))
+                _, state = model.lstm(torch.stack([embedded, embedded.flip(0)]).unsqueeze(1), state)
+    finally:
+        model.train(was_training)
+    return state
 
 
 def _sentence_batches(data: TokenizedCorpus, batch_size: int) -> Iterator[StreamBatch]:

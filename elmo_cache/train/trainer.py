@@ -74,6 +74,10 @@ class TrainOptions:
     clip_norm: float = 10.0
     # Seeds the weights, the shuffles, dropout and the sampler (fixed).
     seed: int = 0
+    # None: bilm-tf's stream, LSTM state carried through every sentence. A share in [0, 1]: rows
+    # begin at sentence starts and that share of sentences starts from the zero state, the state
+    # the encoder starts every sentence from, so the model learns to begin without context (fixed).
+    reset_share: float | None = None
     # Passes over the corpus; may be raised to continue a finished run.
     epochs: int = 10
     # Stop after this many optimizer steps in total (None: no limit).
@@ -121,11 +125,16 @@ class TrainOptions:
             raise InvalidParameterError(
                 "init_from brings its own options and vocabulary: drop options_file / vocab_file"
             )
+        if self.reset_share is not None and not 0.0 <= self.reset_share <= 1.0:
+            raise InvalidParameterError(f"reset_share: must be in [0, 1], got {self.reset_share}")
         if self.initial_accumulator <= 0:
             raise InvalidParameterError(f"initial_accumulator: must be positive, got {self.initial_accumulator}")
 
     def fixed(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._FIXED}
+        fixed = {name: getattr(self, name) for name in self._FIXED}
+        if self.reset_share is not None:  # only when set, so that older checkpoints still resume
+            fixed["reset_share"] = self.reset_share
+        return fixed
 
 
 @dataclass
@@ -198,11 +207,12 @@ def train(
     vocab.save(output / VOCAB_FILE)
 
     data = TokenizedCorpus.from_file(corpus, vocab, model_options.max_characters_per_token)
-    per_epoch = data.batches_per_epoch(options.batch_size, options.unroll)
+    per_epoch = data.batches_per_epoch(options.batch_size, options.unroll, options.reset_share)
     if per_epoch < 1:
+        rows = "" if options.reset_share is None else " (rows of whole sentences, --reset-share)"
         raise InvalidParameterError(
             f"{corpus}: {data.n_tokens} tokens is too little text for batch_size {options.batch_size} x unroll "
-            f"{options.unroll}; lower them (--batch-size, --unroll)"
+            f"{options.unroll}{rows}; lower them (--batch-size, --unroll)"
         )
     total_steps = per_epoch * options.epochs
     if options.max_steps is not None:
@@ -272,14 +282,20 @@ def train(
     try:
         while step < total_steps and epoch < options.epochs:
             for batch in data.epoch_batches(
-                options.seed, epoch, options.batch_size, options.unroll, start=batch_in_epoch
+                options.seed,
+                epoch,
+                options.batch_size,
+                options.unroll,
+                start=batch_in_epoch,
+                reset_share=options.reset_share,
             ):
                 if step >= total_steps:
                     break
                 inputs = torch.from_numpy(batch.inputs).to(device=device, dtype=torch.int64)
                 targets = torch.from_numpy(batch.targets).to(device)
                 weights = torch.from_numpy(batch.weights).to(device)
-                _, outputs, final = model(inputs, char_table, state)
+                resets = None if batch.resets is None else torch.from_numpy(batch.resets).to(device)
+                _, outputs, final = model(inputs, char_table, state, resets)
                 hidden = model.top_hidden(outputs)
                 per_row = sampled_softmax_loss(
                     hidden.reshape(-1, hidden.shape[-1]),

@@ -6,8 +6,10 @@ Every source is a Debian package fetched with ``apt-get download`` and unpacked 
 sentences with a small rule-based splitter, tokenised PTB-style (punctuation, quotes and
 contractions split; case kept) and written one sentence per line.
 
-About 1% of *documents* (chosen by a hash of the document id) go to ``heldout.txt``;
-the rest go to ``train.txt``.  Nothing is shuffled: documents keep their source order and
+About 1% of every source's text goes to ``heldout.txt``, in whole documents chosen by a
+hash of the document id (at least one document per source); the rest goes to ``train.txt``.
+Held-out sentences that also occur in the training text (compared lower-cased, punctuation
+ignored) are dropped, so the held-out figures measure modelling, not memory.  Nothing is shuffled: documents keep their source order and
 the sentences of a document stay together.  Given the same .deb files the output is
 byte-for-byte identical.
 
@@ -38,7 +40,7 @@ import time
 import zlib
 from pathlib import Path
 
-HELDOUT_PERCENT = 1  # ~1% of documents
+HELDOUT_PERCENT = 1  # at least 1% of each source's tokens
 MIN_TOKENS, MAX_TOKENS = 1, 200
 
 # --------------------------------------------------------------------------------------
@@ -591,9 +593,60 @@ READERS = {
 }
 
 
-def is_heldout(doc_id):
-    h = hashlib.sha256(doc_id.encode("utf-8")).digest()
-    return int.from_bytes(h[:8], "big") % 100 < HELDOUT_PERCENT
+def doc_rank(full_id):
+    """A document's place in its source's held-out order: the first 8 bytes of sha256(id)."""
+    return int.from_bytes(hashlib.sha256(full_id.encode("utf-8")).digest()[:8], "big")
+
+
+def normalise(line):
+    """The form two sentences are compared in: case, spacing and punctuation do not count, so
+    "See Section 9.1 ." and "see section 9.1" are the same sentence."""
+    return " ".join(_NON_WORD.sub(" ", line.lower()).split())
+
+
+_NON_WORD = re.compile(r"[^\w]+")
+
+
+def split_documents(name, docs):
+    """Choose a source's held-out documents: the lowest-ranked documents until they hold at least
+    HELDOUT_PERCENT of the source's tokens (at least one document, never all of them), so every
+    source has held-out text however few documents it has. Returns (train_docs, heldout_docs),
+    each a list of (doc_id, lines, tokens) in source order."""
+    total = sum(ntok for _, _, ntok in docs)
+    ranked = sorted(range(len(docs)), key=lambda i: doc_rank(f"{name}:{docs[i][0]}"))
+    chosen, held_tokens = set(), 0
+    for i in ranked[: max(len(docs) - 1, 0)]:
+        if chosen and held_tokens * 100 >= total * HELDOUT_PERCENT:
+            break
+        chosen.add(i)
+        held_tokens += docs[i][2]
+    train = [d for i, d in enumerate(docs) if i not in chosen]
+    heldout = [d for i, d in enumerate(docs) if i in chosen]
+    return train, heldout
+
+
+def source_documents(name, root):
+    """(doc_id, sentence lines, tokens) of every non-empty document of a source, in source order."""
+    docs = []
+    for doc_id, paras in READERS[name](root):
+        lines, ntok = [], 0
+        for para in paras:
+            for toks in paragraph_sentences(para):
+                lines.append(" ".join(toks))
+                ntok += len(toks)
+        if lines:
+            docs.append((doc_id, lines, ntok))
+    return docs
+
+
+def empty_stats():
+    return {"documents": 0, "sentences": 0, "tokens": 0}
+
+
+def add_stats(stats, lines):
+    stats["documents"] += 1
+    stats["sentences"] += len(lines)
+    stats["tokens"] += sum(len(line.split()) for line in lines)
 
 
 # --------------------------------------------------------------------------------------
@@ -611,59 +664,61 @@ def main(argv=None):
     if os.path.exists(done):
         os.remove(done)
 
-    tmp_train = os.path.join(args.out, "train.txt.tmp")
-    tmp_held = os.path.join(args.out, "heldout.txt.tmp")
     manifest = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "heldout_rule": f"sha256(source + ':' + doc_id) first 8 bytes big-endian % 100 < {HELDOUT_PERCENT}",
+        "heldout_rule": (
+            "per source, documents in order of sha256(source + ':' + doc_id) (first 8 bytes, big-endian) "
+            f"until they hold >= {HELDOUT_PERCENT}% of the source's tokens (at least one document); "
+            "then every held-out sentence whose normalised form (lower case, runs of non-word "
+            "characters as one space) occurs in train.txt is dropped from heldout.txt"
+        ),
         "sentence_tokens": [MIN_TOKENS, MAX_TOKENS],
         "sources": [],
     }
-    tot = {
-        "train": {"documents": 0, "sentences": 0, "tokens": 0},
-        "heldout": {"documents": 0, "sentences": 0, "tokens": 0},
-    }
     t0 = time.time()
+    split_docs = {}
+    for name, pkg, licence in SOURCES:
+        if args.only and name not in args.only:
+            continue
+        log(f"[{name}] fetching {pkg}")
+        root, info = fetch_and_extract(pkg, args.work, args.refresh)
+        train, heldout = split_documents(name, source_documents(name, root))
+        split_docs[name] = (train, heldout)
+        manifest["sources"].append({"source": name, **info, "licence": licence})
+
+    # A held-out sentence the model has read in training measures memory, not modelling.
+    seen = {normalise(line) for train, _ in split_docs.values() for _, lines, _ in train for line in lines}
+    tot = {"train": empty_stats(), "heldout": empty_stats(), "heldout_dropped_as_seen": empty_stats()}
+    tmp_train = os.path.join(args.out, "train.txt.tmp")
+    tmp_held = os.path.join(args.out, "heldout.txt.tmp")
     with (
         open(tmp_train, "w", encoding="utf-8", newline="\n") as ftr,
         open(tmp_held, "w", encoding="utf-8", newline="\n") as fho,
     ):
-        for name, pkg, licence in SOURCES:
-            if args.only and name not in args.only:
-                continue
-            log(f"[{name}] fetching {pkg}")
-            root, info = fetch_and_extract(pkg, args.work, args.refresh)
-            stats = {
-                "train": {"documents": 0, "sentences": 0, "tokens": 0},
-                "heldout": {"documents": 0, "sentences": 0, "tokens": 0},
-            }
-            for doc_id, paras in READERS[name](root):
-                full_id = f"{name}:{doc_id}"
-                split = "heldout" if is_heldout(full_id) else "train"
-                fh = fho if split == "heldout" else ftr
-                lines = []
-                ntok = 0
-                for para in paras:
-                    for toks in paragraph_sentences(para):
-                        lines.append(" ".join(toks))
-                        ntok += len(toks)
-                if not lines:
-                    continue
-                fh.write("\n".join(lines))
-                fh.write("\n")
-                st = stats[split]
-                st["documents"] += 1
-                st["sentences"] += len(lines)
-                st["tokens"] += ntok
-            for split in ("train", "heldout"):
-                for k, v in stats[split].items():
-                    tot[split][k] += v
-            entry = {"source": name, **info, "licence": licence, **stats}
-            manifest["sources"].append(entry)
+        for entry in manifest["sources"]:
+            train, heldout = split_docs[entry["source"]]
+            stats = {key: empty_stats() for key in tot}
+            for _, lines, _ in train:
+                ftr.write("\n".join(lines) + "\n")
+                add_stats(stats["train"], lines)
+            for _, lines, _ in heldout:
+                kept = [line for line in lines if normalise(line) not in seen]
+                dropped = [line for line in lines if normalise(line) in seen]
+                if kept:
+                    fho.write("\n".join(kept) + "\n")
+                    add_stats(stats["heldout"], kept)
+                if dropped:
+                    add_stats(stats["heldout_dropped_as_seen"], dropped)
+            for key in tot:
+                for k, v in stats[key].items():
+                    tot[key][k] += v
+            entry.update(stats)
             log(
-                f"[{name}] {pkg} {info['version']}: train {stats['train']} "
-                f"heldout {stats['heldout']} ({time.time() - t0:.0f}s)"
+                f"[{entry['source']}] train {stats['train']} heldout {stats['heldout']} "
+                f"dropped {stats['heldout_dropped_as_seen']['sentences']} seen sentences"
             )
+            if not stats["heldout"]["tokens"]:
+                raise RuntimeError(f"{entry['source']}: no held-out text left after dropping seen sentences")
     manifest["totals"] = tot
     manifest["excluded"] = EXCLUDED
     os.replace(tmp_train, os.path.join(args.out, "train.txt"))
