@@ -9,9 +9,9 @@ contractions split; case kept) and written one sentence per line.
 About 1% of every source's text goes to ``heldout.txt``, in whole documents chosen by a
 hash of the document id (at least one document per source); the rest goes to ``train.txt``.
 Held-out sentences that also occur in the training text (compared lower-cased, punctuation
-ignored) are dropped, so the held-out figures measure modelling, not memory.  Nothing is shuffled: documents keep their source order and
-the sentences of a document stay together.  Given the same .deb files the output is
-byte-for-byte identical.
+ignored) are dropped, so the held-out figures measure modelling, not memory.  Nothing is
+shuffled: documents keep their source order and the sentences of a document stay together.
+Given the same .deb files the output is byte-for-byte identical.
 
 Usage:
     python3 scripts/bundled_model/build_corpus.py --out /work/data/corpus --work /work/scratch/corpus

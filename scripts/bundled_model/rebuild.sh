@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${WORK:-/work/data}
 MODEL=${MODEL:-$WORK/bundled-model}
-TRAIN=(elmo-cache train "$WORK/corpus/train.txt" -o "$MODEL" --preset base --epochs "${EPOCHS:-10}" --threads "${THREADS:-2}")
+TRAIN=(elmo-cache train "$WORK/corpus/train.txt" -o "$MODEL" --preset base --epochs "${EPOCHS:-10}" --threads "${THREADS:-2}" --reset-share 0.5)
 
 python scripts/bundled_model/build_corpus.py --out "$WORK/corpus" --work "$WORK/scratch"
 "${TRAIN[@]}"
