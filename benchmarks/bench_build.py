@@ -74,9 +74,9 @@ def load_encoder(args, workdir: Path):
     from elmo_cache.model.random_model import write_random_model
 
     if args.options_file:
-        return Encoder.from_files(args.options_file, args.weight_file, device=args.device, precision=args.precision)
+        return Encoder.load((args.options_file, args.weight_file), device=args.device, precision=args.precision)
     options, weights = write_random_model(workdir / "model", args.size, seed=0)
-    return Encoder.from_files(options, weights, device=args.device, precision=args.precision)
+    return Encoder.load((options, weights), device=args.device, precision=args.precision)
 
 
 def throughput(args) -> None:

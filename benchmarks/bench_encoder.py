@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> dict:
     for precision in wanted:
         timed_run = precision in precisions
         load_start = time.perf_counter()
-        enc = Encoder.from_files(options_path, weights_path, device=device, precision=precision, **enc_kwargs)
+        enc = Encoder.load((options_path, weights_path), device=device, precision=precision, **enc_kwargs)
         load_seconds = time.perf_counter() - load_start
         entry: dict = {"load_seconds": load_seconds}
         print(f"== {precision} on {device}" + ("" if timed_run else " (only for the error reference)"))

@@ -188,7 +188,7 @@ def main() -> None:
         corpus = work / "corpus.txt"
         corpus.write_text("".join(" ".join(s) + "\n" for s in cached), encoding="utf-8")
 
-        encoder = elmo_cache.Encoder.from_files(options_file, weight_file, device=args.device)
+        encoder = elmo_cache.Encoder.load((options_file, weight_file), device=args.device)
         encoder.embed_batch(unseen[:64])  # warm-up
         n_tok = sum(map(len, unseen[:2000]))
         started = time.perf_counter()

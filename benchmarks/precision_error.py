@@ -33,9 +33,9 @@ def main() -> None:
     # Reduced precision is measured for its error here, whatever its speed on this CPU.
     os.environ.setdefault("ELMO_CACHE_ALLOW_SLOW_BF16", "1")
     os.environ.setdefault("ELMO_CACHE_ALLOW_SLOW_FP16", "1")
-    reference = Encoder.from_files(options, weights, device=args.device).embed_batch(sentences)
+    reference = Encoder.load((options, weights), device=args.device).embed_batch(sentences)
     for precision in ("bf16", "fp16"):
-        encoded = Encoder.from_files(options, weights, device=args.device, precision=precision).embed_batch(sentences)
+        encoded = Encoder.load((options, weights), device=args.device, precision=precision).embed_batch(sentences)
         for layer in range(3):
             a = np.concatenate([e[layer] for e in encoded])
             b = np.concatenate([r[layer] for r in reference])

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from elmo_cache import __version__
+from elmo_cache._version import __version__
 from elmo_cache.errors import ElmoCacheError
 
 

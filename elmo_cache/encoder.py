@@ -1,6 +1,6 @@
 """The public ELMo encoder: token lists in, three layers of contextual vectors out.
 
->>> enc = Encoder.from_files("options.json", "weights.hdf5")   # doctest: +SKIP
+>>> enc = Encoder.load(("options.json", "weights.hdf5"))     # doctest: +SKIP
 >>> enc.embed_sentence(["The", "cat", "sat", "."]).shape        # doctest: +SKIP
 (3, 4, 1024)
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -27,16 +27,24 @@ import numpy as np
 import torch
 
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.model import hub
+from elmo_cache.hardware import (
+    ALLOW_SLOW_BF16_ENV,
+    ALLOW_SLOW_FP16_ENV,
+    PRECISIONS,
+    check_precision,
+    cpu_bf16_problem,
+    default_fuse_cell,
+    resolve_device,
+)
+from elmo_cache.model import hub, sources
 from elmo_cache.model.bilm import BiLM, PackedBatch
 from elmo_cache.model.chars import word_char_ids
-from elmo_cache.model.hub import ModelFiles
 from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.sources import ModelSpec
 from elmo_cache.model.weights import load_weights
 
 __all__ = [
     "Encoder",
-    "load_encoder",
     "PRECISIONS",
     "INITIAL_STATES",
     "WARMUP_TEXT",
@@ -45,7 +53,6 @@ __all__ = [
     "cpu_bf16_problem",
 ]
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INITIAL_STATES = ("zero", "warm", "carry")
 
 # Fixed text whose final LSTM state is the "warm" initial state. Changing it changes
@@ -59,125 +66,6 @@ WARMUP_TEXT = (
 
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_WORD_CACHE_SIZE = 20000
-# Models with at least this many LSTM cells get the compiled (fused) cell by default: the
-# one-off compile (seconds) pays back within the first batches; tiny models never recoup it.
-FUSE_MIN_LSTM_DIM = 1024
-
-
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InvalidParameterError(f"device: {device!r} is not a device; choose 'cpu', 'cuda' or 'cuda:N'") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InvalidParameterError(f"device: {device!r} requested but CUDA is not available here; use 'cpu'")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise InvalidParameterError(f"device: {device!r} does not exist ({torch.cuda.device_count()} CUDA devices)")
-    elif resolved.type != "cpu":
-        raise InvalidParameterError(f"device: {device!r} is not supported; choose 'cpu', 'cuda' or 'cuda:N'")
-    return resolved
-
-
-# Set to 1 to run bf16 on a CPU without native bf16 anyway (emulated: far slower than fp32).
-ALLOW_SLOW_BF16_ENV = "ELMO_CACHE_ALLOW_SLOW_BF16"
-# Set to "1" to run fp16 on a CPU anyway (torch has no fast CPU fp16 matmul: see _check_precision).
-ALLOW_SLOW_FP16_ENV = "ELMO_CACHE_ALLOW_SLOW_FP16"
-# CPU flags (Linux /proc/cpuinfo) of native bf16 matmuls: x86 AVX512-BF16 or AMX, Arm BF16.
-_BF16_FLAGS = {"x86": ("avx512_bf16", "amx_bf16"), "arm": ("bf16",)}
-# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) that still include native bf16.
-_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
-
-
-def _cpu_flags(path: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]] | None:
-    """``("x86" or "arm", feature flags)`` of the first processor in ``path`` (None where unreadable)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86 / Arm spelling
-            return ("x86" if key.strip() == "flags" else "arm"), set(value.split())
-    return None
-
-
-def cpu_bf16_problem(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """None when bf16 matmuls run natively on this CPU, else why they would be emulated.
-
-    Native means the hardware has AVX512-BF16 or AMX (Arm: BF16), *and* neither oneDNN nor
-    torch's kernels are capped below it (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``).
-    Hardware is read from ``/proc/cpuinfo``, else from torch's own cpuinfo queries; a CPU
-    that neither can describe counts as not native (refused rather than silently slow).
-    """
-    found = _cpu_flags(cpuinfo)
-    arch = found[0] if found is not None else "x86"
-    if found is not None:
-        wanted = _BF16_FLAGS[arch]
-        if not found[1] & set(wanted):
-            return f"this CPU has no native bf16 (no {' or '.join(wanted)} flag in {cpuinfo})"
-    else:
-        queries = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-        known = [query() for query in queries if query is not None]
-        if not known:
-            return f"cannot tell whether this CPU ({platform.machine() or 'unknown'}) has native bf16"
-        if not any(known):
-            return "this CPU has no native bf16 (torch reports neither AVX512-BF16 nor AMX)"
-    return _torch_bf16_problem(arch)
-
-
-def _onednn_bf16() -> bool:
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def _torch_bf16_problem(arch: str) -> str | None:
-    """Why torch would not use the CPU's native bf16 (a capped oneDNN or kernel dispatch), or None."""
-    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
-        isa = os.environ.get(name, "").strip().upper()
-        if isa and not isa.startswith(_BF16_ISAS):
-            return f"{name}={isa} caps oneDNN below native bf16 (AVX512_CORE_BF16)"
-    if not _onednn_bf16():
-        return "torch's oneDNN cannot run bf16 matmuls here"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if arch == "x86" and not capability.startswith("AVX512"):
-        return f"torch's CPU kernels are dispatched to {capability} (ATEN_CPU_CAPABILITY), not AVX512"
-    return None
-
-
-def _check_precision(precision: str, device: torch.device) -> torch.dtype:
-    if precision not in PRECISIONS:
-        raise InvalidParameterError(f"precision: {precision!r} is not one of {list(PRECISIONS)}")
-    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
-        raise InvalidParameterError("precision: this GPU has no bf16 support; use 'fp16' or 'fp32'")
-    if device.type == "cpu" and precision == "bf16" and os.environ.get(ALLOW_SLOW_BF16_ENV) != "1":
-        problem = cpu_bf16_problem()
-        if problem is not None:
-            raise InvalidParameterError(
-                f"precision: 'bf16' on this CPU would be emulated, slower than fp32 (about 60x on the Original model "
-                f"on an AVX2-only CPU) and without any gain: {problem}. "
-                "Use 'fp32' (exact, and the fastest here); bf16 needs a CPU with AVX512-BF16 or AMX, or a "
-                f"CUDA GPU with bf16. To run it anyway (e.g. to match a cache built in bf16 elsewhere), set "
-                f"{ALLOW_SLOW_BF16_ENV}=1"
-            )
-    if device.type == "cpu" and precision == "fp16" and os.environ.get(ALLOW_SLOW_FP16_ENV) != "1":
-        raise InvalidParameterError(
-            "precision: 'fp16' on a CPU is emulated by torch, far slower than fp32 (66x on the small model on an "
-            "AVX2-only CPU, 2.5x on an AVX-512 one; benchmarks/RESULTS.md) and less exact: it is meant for CUDA "
-            "GPUs. Use 'fp32' on CPUs ('bf16' where the CPU has native bf16). To run it anyway (e.g. to match a "
-            f"cache built in fp16 on a GPU), set {ALLOW_SLOW_FP16_ENV}=1"
-        )
-    return PRECISIONS[precision]
-
-
-def default_fuse_cell(options: ModelOptions, device: torch.device) -> bool:
-    """Whether the LSTM cell is compiled by default: for models with at least 1024 cells, except on a
-    CPU whose torch kernels are capped by ``ATEN_CPU_CAPABILITY``, where the compiled cell was
-    measured to return NaN (torch 2.13, AVX512 CPU capped to AVX2); the eager cell is exact there."""
-    if device.type == "cpu" and os.environ.get("ATEN_CPU_CAPABILITY"):
-        return False
-    return options.lstm_dim >= FUSE_MIN_LSTM_DIM
 
 
 def _validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
@@ -233,20 +121,26 @@ class Encoder:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_files(
+    def load(
         cls,
-        options_file: str | os.PathLike[str],
-        weight_file: str | os.PathLike[str],
+        model: ModelSpec = None,
         *,
+        options_file: str | os.PathLike[str] | None = None,
+        weight_file: str | os.PathLike[str] | None = None,
         device: str | torch.device | None = None,
         precision: str = "fp32",
         initial_state: str = "zero",
-        name: str | None = None,
-        directory: str | os.PathLike[str] | None = None,
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
         fuse_cell: bool | None = None,
     ) -> Encoder:
-        """Load an ELMo ``options.json`` + weights HDF5 in the original (bilm-tf) layout.
+        """Load an ELMo model: the one way to get an encoder.
+
+        ``model``: None or "bundled" for the model shipped with the package (no network); a
+        published one ("original", "medium", "small", "original-5.5b", downloaded once into the
+        model cache); a local directory with one options JSON and one weights HDF5; an
+        ``(options_file, weight_file)`` pair; or :class:`~elmo_cache.model.sources.ModelFiles`
+        already resolved. ``options_file`` + ``weight_file`` (both or neither) win over ``model``.
+        Every source is in :mod:`elmo_cache.model.sources`.
 
         ``device``: None = CUDA when available, else CPU. ``precision``: "fp32" (exact),
         "bf16" or "fp16" (matmuls in reduced precision, LSTM cell state in fp32).
@@ -255,12 +149,13 @@ class Encoder:
         ``fuse_cell``: compile the LSTM cell update into one kernel (None: for models with
         at least 1024 LSTM cells, unless ``ATEN_CPU_CAPABILITY`` caps torch's CPU kernels).
         """
-        resolved = _resolve_device(device)
-        dtype = _check_precision(precision, resolved)
         if initial_state not in INITIAL_STATES:
             raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
-        options = ModelOptions.from_file(options_file)
-        weights = load_weights(weight_file, options, options_source=str(options_file))
+        files = sources.resolve(model, options_file, weight_file)
+        resolved = resolve_device(device)
+        dtype = check_precision(precision, resolved)
+        options = ModelOptions.from_file(files.options_file)
+        weights = load_weights(files.weight_file, options, options_source=str(files.options_file))
         bilm = BiLM(options, weights, compute_dtype=dtype)
         del weights
         bilm.to_device(resolved)
@@ -270,43 +165,24 @@ class Encoder:
             device=resolved,
             precision=precision,
             initial_state=initial_state,
-            name=name or Path(weight_file).stem,
-            weight_file=Path(weight_file),
-            directory=None if directory is None else Path(directory),
+            name=files.name,
+            weight_file=files.weight_file,
+            directory=files.directory,
             word_cache_size=word_cache_size,
             fuse_cell=fuse_cell,
         )
 
     @classmethod
-    def from_model(cls, files: ModelFiles, **kwargs: Any) -> Encoder:
-        """Load resolved :class:`~elmo_cache.model.hub.ModelFiles`; ``kwargs`` as for :meth:`from_files`."""
-        return cls.from_files(
-            files.options_file, files.weight_file, name=files.name, directory=files.directory, **kwargs
-        )
-
-    @classmethod
-    def load(
-        cls,
-        model: str | os.PathLike[str] | None = None,
-        *,
-        device: str | torch.device | None = None,
-        precision: str = "fp32",
-        initial_state: str = "zero",
-        word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
-        fuse_cell: bool | None = None,
+    def from_files(
+        cls, options_file: str | os.PathLike[str], weight_file: str | os.PathLike[str], **kwargs: Any
     ) -> Encoder:
-        """Load a model by name: None or "bundled" for the model shipped with the package (no
-        network), a published one ("original", "medium", "small", "original-5.5b", downloaded
-        once into the model cache), or a local directory with one options JSON and one weights
-        HDF5 (see :mod:`elmo_cache.model.hub`)."""
-        return cls.from_model(
-            hub.resolve(model),
-            device=device,
-            precision=precision,
-            initial_state=initial_state,
-            word_cache_size=word_cache_size,
-            fuse_cell=fuse_cell,
+        """Deprecated: ``Encoder.load((options_file, weight_file), **kwargs)``."""
+        warnings.warn(
+            "Encoder.from_files is deprecated and will be removed: use Encoder.load((options_file, weight_file))",
+            DeprecationWarning,
+            stacklevel=2,
         )
+        return cls.load((options_file, weight_file), **kwargs)
 
     # ----------------------------------------------------------------- identity
     @cached_property
@@ -562,16 +438,3 @@ class Encoder:
         finally:
             self.initial_state = saved_mode
             self.reset_state()
-
-
-def load_encoder(
-    model: str | os.PathLike[str] | None,
-    options_file: str | os.PathLike[str] | None = None,
-    weight_file: str | os.PathLike[str] | None = None,
-    **kwargs: Any,
-) -> Encoder:
-    """The encoder a user asked for: ``options_file`` + ``weight_file`` (both or neither; they win
-    over ``model``), else ``model`` (a name or a directory; None is refused: callers name their
-    default). The name is resolved to files first (:func:`elmo_cache.model.hub.choose`), then
-    loaded; ``kwargs`` go to :meth:`Encoder.from_files`."""
-    return Encoder.from_model(hub.choose(model, options_file, weight_file), **kwargs)

@@ -503,8 +503,8 @@ def _load_model(
     meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None
 ) -> Any:
     """The model asked for, else the one the cache records (found locally, else loaded by its recorded name)."""
-    from elmo_cache.encoder import Encoder, load_encoder
-    from elmo_cache.model import hub
+    from elmo_cache.encoder import Encoder
+    from elmo_cache.model import sources
 
     identity = meta.get("model") or {}
     kwargs = {
@@ -513,10 +513,10 @@ def _load_model(
         "initial_state": identity.get("initial_state", "zero"),
     }
     if options_file is not None or weight_file is not None or model is not None:
-        return load_encoder(model, options_file, weight_file, **kwargs)
-    files, _ = hub.locate(identity)
+        return Encoder.load(model, options_file=options_file, weight_file=weight_file, **kwargs)
+    files, _ = sources.locate(identity)
     if files is not None:
-        return Encoder.from_model(files, **kwargs)
+        return Encoder.load(files, **kwargs)
     name = identity.get("name")
     if not name:
         raise InvalidParameterError("the cache does not name its model; pass --model or --options-file/--weight-file")

@@ -109,7 +109,7 @@ def main() -> None:
         encoder = Encoder.load(args.model)
     else:
         options, weights = write_random_model(workdir / "model", "tiny", seed=args.seed)
-        encoder = Encoder.from_files(options, weights)
+        encoder = Encoder.load((options, weights))
     train_rows = read_tsv(args.train) if args.train else generate_corpus(600, seed=args.seed)
     test_rows = read_tsv(args.test) if args.test else generate_corpus(200, seed=args.seed + 1)
     print(f"building caches in {workdir} with {encoder!r}")

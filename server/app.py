@@ -18,9 +18,9 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from elmo_cache import __version__
+from elmo_cache._version import __version__
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.model import hub
+from elmo_cache.model import sources
 from elmo_cache.model.identity import model_differences
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.deps import require_api_key
@@ -71,7 +71,7 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
     """Load whatever ``settings`` name and was not passed in; returns ``(encoder, cache)``.
 
     Without a model in ``settings``, a cache is served with the model recorded in its metadata
-    when that model is here (:func:`elmo_cache.model.hub.locate`: the bundled one, a downloaded
+    when that model is here (:func:`elmo_cache.model.sources.locate`: the bundled one, a downloaded
     published one, or the directory it came from), so misses are encoded as the hits were;
     otherwise the cache alone is served, and the log says why.
 
@@ -83,7 +83,7 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
 
         cache = elmo_cache.open(settings.cache_path)
     if encoder is None and (settings.has_model or cache is not None):
-        from elmo_cache.encoder import Encoder, load_encoder
+        from elmo_cache.encoder import Encoder
         from elmo_cache.threads import apply_threads
 
         apply_threads(settings.threads)
@@ -96,12 +96,14 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
             "initial_state": built_with.get("initial_state") or "zero",
         }
         if settings.has_model:
-            encoder = load_encoder(settings.model, settings.options_file, settings.weight_file, **kwargs)
+            encoder = Encoder.load(
+                settings.model, options_file=settings.options_file, weight_file=settings.weight_file, **kwargs
+            )
         else:
-            files, why = hub.locate(built_with)
+            files, why = sources.locate(built_with)
             if files is not None:
                 try:
-                    encoder = Encoder.from_model(files, **kwargs)
+                    encoder = Encoder.load(files, **kwargs)
                 except InvalidParameterError as exc:
                     # The recorded precision is refused here (bf16/fp16 emulated on this CPU): the
                     # cache is still worth serving; the user asked for no model in particular.

@@ -31,9 +31,9 @@ def one_torch_thread():
 def native_bf16(monkeypatch):
     """Let bf16 run on the CPU whatever this machine has (the detector says "native"): tests of
     bf16 arithmetic must pass on CPUs without AVX512-BF16 too, where it is merely slow."""
-    import elmo_cache.encoder
+    import elmo_cache.hardware
 
-    monkeypatch.setattr(elmo_cache.encoder, "cpu_bf16_problem", lambda *args: None)
+    monkeypatch.setattr(elmo_cache.hardware, "cpu_bf16_problem", lambda *args: None)
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +64,7 @@ def clipping_model(tmp_path_factory) -> tuple[Path, Path]:
 def tiny_encoder(tiny_model):
     from elmo_cache import Encoder
 
-    return Encoder.from_files(*tiny_model, device="cpu")
+    return Encoder.load(tiny_model, device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +79,9 @@ def bundled_model():
     missing = [name for name in ("options.json", "weights.hdf5") if not (hub.BUNDLED_DIR / name).is_file()]
     if missing:
         pytest.fail(f"the bundled model lacks {missing} in {hub.BUNDLED_DIR}; the package must ship them")
-    return hub.resolve(hub.BUNDLED)
+    from elmo_cache.model import sources
+
+    return sources.resolve(hub.BUNDLED)
 
 
 @pytest.fixture(autouse=True)

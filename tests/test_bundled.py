@@ -15,7 +15,7 @@ import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
-from elmo_cache.model import hub
+from elmo_cache.model import hub, sources
 from elmo_cache.model.random_model import write_random_model
 from elmo_cache.server import Settings, create_app, load_resources
 from elmo_cache.text.tokenize import tokenize
@@ -104,11 +104,11 @@ def test_a_recorded_precision_this_cpu_refuses_serves_the_cache_alone(tmp_path, 
 
     folder = tmp_path / "model"
     write_random_model(folder, "tiny", seed=6)
-    monkeypatch.setenv(elmo_cache.encoder.ALLOW_SLOW_FP16_ENV, "1")  # built where fp16 was allowed
+    monkeypatch.setenv(elmo_cache.hardware.ALLOW_SLOW_FP16_ENV, "1")  # built where fp16 was allowed
     build(
         _corpus(tmp_path), BuildOptions(output=tmp_path / "c.zarr", model=str(folder), precision="fp16", progress=False)
     )
-    monkeypatch.delenv(elmo_cache.encoder.ALLOW_SLOW_FP16_ENV)  # served on a CPU that refuses it
+    monkeypatch.delenv(elmo_cache.hardware.ALLOW_SLOW_FP16_ENV)  # served on a CPU that refuses it
     cache = elmo_cache.open(tmp_path / "c.zarr")
     with caplog.at_level(logging.WARNING, logger="elmo_cache.server"):
         encoder, _ = load_resources(Settings(device="cpu"), cache=cache)
@@ -177,7 +177,7 @@ def test_a_cache_built_from_explicit_files_is_served_alone(tmp_path, tiny_encode
 
 @pytest.mark.parametrize("name", ["bundled", "BUNDLED"])
 def test_the_bundled_model_is_a_model_name(bundled_model, name):
-    files = hub.resolve(name)
+    files = sources.resolve(name)
     assert files.origin == "bundled" and files.options_file.name == "options.json"
     assert files.weight_file == bundled_model.weight_file
 

@@ -23,7 +23,7 @@ def built(tmp_path_factory):
     """A layered fp16 HDF5 cache and a mixed fp32 zarr cache of LINES, built for real."""
     directory = tmp_path_factory.mktemp("caches")
     options, weights = write_random_model(directory / "model", "tiny", seed=5)
-    encoder = Encoder.from_files(options, weights)
+    encoder = Encoder.load((options, weights))
     corpus = directory / "corpus.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     layered = build(

@@ -107,7 +107,7 @@ def random_sentences(count: int, seed: int, max_len: int = 45) -> list[list[str]
 
 @pytest.fixture(scope="module")
 def golden_encoder(golden_dir):
-    return Encoder.from_files(golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu")
+    return Encoder.load((golden_dir / "options.json", golden_dir / "lm_weights.hdf5"), device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +147,8 @@ def test_first_golden_batch_matches_tensorflow(golden_encoder, golden_dir, golde
 
 
 def test_carry_mode_matches_all_ten_stateful_golden_batches(golden_dir, golden_sentences):
-    encoder = Encoder.from_files(
-        golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", initial_state="carry"
+    encoder = Encoder.load(
+        (golden_dir / "options.json", golden_dir / "lm_weights.hdf5"), device="cpu", initial_state="carry"
     )
     for i in range(10):
         batch = [golden_sentences[k][i].split() for k in range(3)]
@@ -158,8 +158,8 @@ def test_carry_mode_matches_all_ten_stateful_golden_batches(golden_dir, golden_s
 
 
 def test_carry_mode_differs_from_stateless_after_first_batch(golden_dir, golden_sentences, golden_encoder):
-    carry = Encoder.from_files(
-        golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", initial_state="carry"
+    carry = Encoder.load(
+        (golden_dir / "options.json", golden_dir / "lm_weights.hdf5"), device="cpu", initial_state="carry"
     )
     batch = [golden_sentences[k][1].split() for k in range(3)]
     carry.embed_batch([golden_sentences[k][0].split() for k in range(3)])
@@ -170,7 +170,7 @@ def test_carry_mode_differs_from_stateless_after_first_batch(golden_dir, golden_
 
 def test_matches_plain_reference_with_clipping_and_skip_connections(clipping_model):
     reference = ReferenceElmo(*clipping_model)
-    encoder = Encoder.from_files(*clipping_model, device="cpu")
+    encoder = Encoder.load(clipping_model, device="cpu")
     sentences = random_sentences(12, seed=3, max_len=60) + [["a"], WORDS[-4:]]
     fast = encoder.embed_batch(sentences)
     for tokens, got in zip(sentences, fast):
@@ -216,9 +216,9 @@ def test_encode_padded_matches_embed_batch(tiny_encoder):
 
 
 def test_warm_state_is_deterministic_and_recorded(tiny_model):
-    first = Encoder.from_files(*tiny_model, device="cpu", initial_state="warm")
-    second = Encoder.from_files(*tiny_model, device="cpu", initial_state="warm")
-    zero = Encoder.from_files(*tiny_model, device="cpu")
+    first = Encoder.load(tiny_model, device="cpu", initial_state="warm")
+    second = Encoder.load(tiny_model, device="cpu", initial_state="warm")
+    zero = Encoder.load(tiny_model, device="cpu")
     tokens = ["A", "warm", "start", "."]
     np.testing.assert_array_equal(first.embed_sentence(tokens), second.embed_sentence(tokens))
     assert np.abs(first.embed_sentence(tokens)[1] - zero.embed_sentence(tokens)[1]).max() > 1e-4
@@ -238,13 +238,13 @@ PRECISION_TABLE = {"bf16": (0.016, 0.9999, 0.99999), "fp16": (0.0025, 0.999995, 
 def test_reduced_precision_error_is_what_the_readme_states(
     golden_encoder, golden_dir, golden_sentences, precision, native_bf16, monkeypatch
 ):
-    import elmo_cache.encoder as module
+    import elmo_cache.hardware as module
 
     monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")  # the arithmetic is tested, not the speed
     max_abs, min_cos, mean_cos = PRECISION_TABLE[precision]
     sentences = [s.split() for batch in golden_sentences for s in batch]
-    reduced = Encoder.from_files(
-        golden_dir / "options.json", golden_dir / "lm_weights.hdf5", device="cpu", precision=precision
+    reduced = Encoder.load(
+        (golden_dir / "options.json", golden_dir / "lm_weights.hdf5"), device="cpu", precision=precision
     )
     a = np.concatenate(reduced.embed_batch(sentences), axis=1)
     b = np.concatenate(golden_encoder.embed_batch(sentences), axis=1)
@@ -257,10 +257,10 @@ def test_reduced_precision_error_is_what_the_readme_states(
 def test_reduced_precision_stays_close_to_fp32(
     tiny_model, tiny_encoder, precision, tolerance, native_bf16, monkeypatch
 ):
-    import elmo_cache.encoder as module
+    import elmo_cache.hardware as module
 
     monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")  # the arithmetic is tested, not the speed
-    reduced = Encoder.from_files(*tiny_model, device="cpu", precision=precision)
+    reduced = Encoder.load(tiny_model, device="cpu", precision=precision)
     sentences = random_sentences(16, seed=9)
     for a, b in zip(reduced.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
         assert a.dtype == np.float32
@@ -270,42 +270,42 @@ def test_reduced_precision_stays_close_to_fp32(
 
 
 def test_bf16_on_a_cpu_without_native_bf16_is_refused(tiny_model, monkeypatch):
-    import elmo_cache.encoder as module
+    import elmo_cache.hardware as module
 
     monkeypatch.delenv(module.ALLOW_SLOW_BF16_ENV, raising=False)
     monkeypatch.setattr(module, "cpu_bf16_problem", lambda *args: "this CPU has no native bf16 (test)")
     with pytest.raises(InvalidParameterError) as refused:
-        Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+        Encoder.load(tiny_model, device="cpu", precision="bf16")
     message = str(refused.value)
     for part in ("'bf16'", "slower than fp32", "no native bf16 (test)", "'fp32'", "AVX512-BF16 or AMX"):
         assert part in message
     assert "ELMO_CACHE_ALLOW_SLOW_BF16=1" in message
     # fp32 is not concerned; the override runs bf16 anyway.
-    assert Encoder.from_files(*tiny_model, device="cpu", precision="fp32").precision == "fp32"
+    assert Encoder.load(tiny_model, device="cpu", precision="fp32").precision == "fp32"
     monkeypatch.setenv(module.ALLOW_SLOW_BF16_ENV, "1")
-    forced = Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+    forced = Encoder.load(tiny_model, device="cpu", precision="bf16")
     assert forced.embed_sentence(["a", "b"]).shape == (3, 2, 32)
     monkeypatch.setenv(module.ALLOW_SLOW_BF16_ENV, "0")  # only "1" overrides
     with pytest.raises(InvalidParameterError, match="bf16"):
-        Encoder.from_files(*tiny_model, device="cpu", precision="bf16")
+        Encoder.load(tiny_model, device="cpu", precision="bf16")
 
 
 def test_fp16_on_a_cpu_is_refused_unless_asked_for(tiny_model, monkeypatch):
-    import elmo_cache.encoder as module
+    import elmo_cache.hardware as module
 
     monkeypatch.delenv(module.ALLOW_SLOW_FP16_ENV, raising=False)
     with pytest.raises(InvalidParameterError) as refused:
-        Encoder.from_files(*tiny_model, device="cpu", precision="fp16")
+        Encoder.load(tiny_model, device="cpu", precision="fp16")
     message = str(refused.value)
     for part in ("'fp16' on a CPU", "slower than fp32", "'fp32'", "CUDA", "ELMO_CACHE_ALLOW_SLOW_FP16=1"):
         assert part in message
     monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")
-    forced = Encoder.from_files(*tiny_model, device="cpu", precision="fp16")
+    forced = Encoder.load(tiny_model, device="cpu", precision="fp16")
     assert forced.precision == "fp16" and forced.embed_sentence(["a", "b"]).shape == (3, 2, 32)
 
 
 def test_native_bf16_detection(tmp_path, monkeypatch):
-    import elmo_cache.encoder as module
+    import elmo_cache.hardware as module
 
     def cpuinfo(text):
         path = tmp_path / f"cpuinfo{len(list(tmp_path.iterdir()))}"
@@ -335,7 +335,7 @@ def test_native_bf16_detection(tmp_path, monkeypatch):
 
 
 def test_capped_torch_is_not_native_bf16(monkeypatch):
-    import elmo_cache.encoder as module
+    import elmo_cache.hardware as module
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in module._torch_bf16_problem("x86")
@@ -364,18 +364,18 @@ def test_capped_cpu_kernels_keep_the_eager_cell(monkeypatch):
 
 def test_bad_arguments_are_clear(tiny_model, tiny_encoder):
     with pytest.raises(InvalidParameterError, match="precision.*'fp8'.*fp32"):
-        Encoder.from_files(*tiny_model, precision="fp8")
+        Encoder.load(tiny_model, precision="fp8")
     with pytest.raises(InvalidParameterError, match="initial_state"):
-        Encoder.from_files(*tiny_model, initial_state="hot")
+        Encoder.load(tiny_model, initial_state="hot")
     with pytest.raises(InvalidParameterError, match="device"):
-        Encoder.from_files(*tiny_model, device="tpu")
+        Encoder.load(tiny_model, device="tpu")
     with pytest.raises(InvalidParameterError, match="list of tokens"):
         tiny_encoder.embed_batch(["not tokenised"])
     with pytest.raises(InvalidParameterError, match="list of tokens"):
         tiny_encoder.embed_sentence("not tokenised")
     if not torch.cuda.is_available():
         with pytest.raises(InvalidParameterError, match="CUDA is not available"):
-            Encoder.from_files(*tiny_model, device="cuda")
+            Encoder.load(tiny_model, device="cuda")
 
 
 def test_identity_names_the_weights(tiny_model, tiny_encoder):
@@ -390,7 +390,7 @@ def test_identity_names_the_weights(tiny_model, tiny_encoder):
 @requires_cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_cuda_matches_cpu(tiny_model, tiny_encoder, precision):
-    gpu = Encoder.from_files(*tiny_model, device="cuda", precision=precision)
+    gpu = Encoder.load(tiny_model, device="cuda", precision=precision)
     sentences = random_sentences(32, seed=4)
     tolerance = 1e-4 if precision == "fp32" else 0.1
     for a, b in zip(gpu.embed_batch(sentences), tiny_encoder.embed_batch(sentences)):
@@ -399,8 +399,8 @@ def test_cuda_matches_cpu(tiny_model, tiny_encoder, precision):
 
 def test_fused_cell_matches_eager_with_clipping(clipping_model):
     """The compiled cell (default for full-size models) against the eager one and the reference."""
-    eager = Encoder.from_files(*clipping_model, device="cpu", fuse_cell=False)
-    fused = Encoder.from_files(*clipping_model, device="cpu", fuse_cell=True)
+    eager = Encoder.load(clipping_model, device="cpu", fuse_cell=False)
+    fused = Encoder.load(clipping_model, device="cpu", fuse_cell=True)
     reference = ReferenceElmo(*clipping_model)
     sentences = random_sentences(10, seed=21, max_len=50)
     for tokens, a, b in zip(sentences, fused.embed_batch(sentences), eager.embed_batch(sentences)):
@@ -420,7 +420,7 @@ def test_original_size_model_with_both_clips_firing_matches_reference(tmp_path):
     # until it fires; the cell clip fires at the published 3.0.
     options = replace(PRESETS["original"], cell_clip=3.0, proj_clip=0.05)
     files = write_random_model(tmp_path, options, seed=3)
-    encoder = Encoder.from_files(*files, device="cpu")
+    encoder = Encoder.load(files, device="cpu")
     reference = ReferenceElmo(*files)
     rng = np.random.default_rng(8)
     checked = [list(rng.choice(WORDS, size=n)) for n in (1, 9, 23, 41)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from elmo_cache.errors import ModelDownloadError
-from elmo_cache.model import hub
+from elmo_cache.model import hub, sources
 from elmo_cache.model.random_model import write_random_model
 
 
@@ -56,10 +56,10 @@ def published(server, tmp_path, monkeypatch):
 def test_pinned_download_is_verified_and_used(published, tmp_path):
     options, weights, pin = published
     pin(sha256(options), sha256(weights))
-    files = hub.resolve("small")
+    files = sources.resolve("small")
     assert files.origin == "published" and sha256(files.weight_file) == sha256(weights)
     assert files.weight_file.parent == tmp_path / "models" / "small"
-    assert hub.resolve("small") == files  # found again without downloading
+    assert sources.resolve("small") == files  # found again without downloading
 
 
 def test_a_download_with_another_hash_is_refused_and_leaves_nothing(published, tmp_path):
@@ -67,7 +67,7 @@ def test_a_download_with_another_hash_is_refused_and_leaves_nothing(published, t
     wrong = "0" * 64
     pin(sha256(options), wrong)
     with pytest.raises(ModelDownloadError) as info:
-        hub.resolve("small")
+        sources.resolve("small")
     message = str(info.value)
     assert wrong in message and "weights.hdf5" in message and "nothing was written" in message
     folder = tmp_path / "models" / "small"
@@ -77,9 +77,9 @@ def test_a_download_with_another_hash_is_refused_and_leaves_nothing(published, t
 def test_a_local_file_that_no_longer_matches_is_downloaded_again(published, tmp_path):
     options, weights, pin = published
     pin(sha256(options), sha256(weights))
-    files = hub.resolve("small")
+    files = sources.resolve("small")
     files.weight_file.write_bytes(b"damaged")
-    again = hub.resolve("small")
+    again = sources.resolve("small")
     assert sha256(again.weight_file) == sha256(weights)
 
 
@@ -87,7 +87,7 @@ def test_an_unpinned_download_warns(published, caplog):
     _, _, pin = published
     pin(None, None)
     with caplog.at_level("WARNING", logger="elmo_cache.model.hub"):
-        hub.resolve("small")
+        sources.resolve("small")
     assert "without a pinned SHA-256" in caplog.text
 
 

@@ -43,7 +43,7 @@ LINES = [
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory) -> Encoder:
     options, weights = write_random_model(tmp_path_factory.mktemp("model"), "tiny", seed=3)
-    return Encoder.from_files(options, weights)
+    return Encoder.load((options, weights))
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,7 @@ def build_cache(path, encoder, lines, *, layers=None, mix=None, fp16=False):
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model):
-    return elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    return elmo_cache.Encoder.load(tiny_model, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +302,7 @@ def test_mixed_float16_cache(tmp_path, encoder):
 def test_model_that_did_not_build_the_cache_is_refused(tmp_path, layered_cache):
     from elmo_cache.model.random_model import write_random_model
 
-    other = elmo_cache.Encoder.from_files(*write_random_model(tmp_path, "tiny", seed=7), device="cpu")
+    other = elmo_cache.Encoder.load(write_random_model(tmp_path, "tiny", seed=7), device="cpu")
     with pytest.raises(InvalidParameterError, match="weights_sha256"):
         load_resources(Settings(), encoder=other, cache=layered_cache)
     with pytest.raises(InvalidParameterError, match="nothing to serve"):

@@ -52,7 +52,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, deadline_s: float = 90.0) ->
 def test_serve_over_http(tmp_path, tiny_model):
     from elmo_cache.builder import BuildOptions, build
 
-    encoder = elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    encoder = elmo_cache.Encoder.load(tiny_model, device="cpu")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     build(corpus, BuildOptions(output=tmp_path / "corpus.h5", device="cpu", progress=False), encoder=encoder)
@@ -164,7 +164,7 @@ run_server(settings, cache=Wrapped(elmo_cache.open(cache_path)))
 def wrapped_server(tmp_path, tiny_model):
     from elmo_cache.builder import BuildOptions, build
 
-    encoder = elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    encoder = elmo_cache.Encoder.load(tiny_model, device="cpu")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("boom\nhang\nfine line\n", encoding="utf-8")
     build(corpus, BuildOptions(output=tmp_path / "c.zarr", device="cpu", progress=False), encoder=encoder)

@@ -29,7 +29,7 @@ LINES = ["The cat sat on the mat .", "hello world", "", "one"]
 def api_schema(tmp_path_factory, tiny_model):
     from elmo_cache.builder import BuildOptions, build
 
-    encoder = elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    encoder = elmo_cache.Encoder.load(tiny_model, device="cpu")
     folder = tmp_path_factory.mktemp("fuzz")
     corpus = folder / "c.txt"
     corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")

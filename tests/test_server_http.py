@@ -24,7 +24,7 @@ from tests.test_server import GatedEncoder
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model):
-    return elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    return elmo_cache.Encoder.load(tiny_model, device="cpu")
 
 
 def _free_port() -> int:

@@ -58,7 +58,7 @@ class WrappedCache:
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model):
-    return elmo_cache.Encoder.from_files(*tiny_model, device="cpu")
+    return elmo_cache.Encoder.load(tiny_model, device="cpu")
 
 
 @pytest.fixture(scope="module")

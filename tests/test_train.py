@@ -116,7 +116,7 @@ def test_kill_9_then_the_same_command_continues_from_the_checkpoint(tmp_path, co
     killed_at = torch.load(checkpoint, weights_only=True)["step"]
     assert killed_at >= 3
     # Every file of the model directory is whole after the kill (written by rename).
-    Encoder.from_files(output / "options.json", output / "weights.hdf5", device="cpu")
+    Encoder.load((output / "options.json", output / "weights.hdf5"), device="cpu")
     finish = [
         *command[: command.index("--max-steps") + 1],
         str(killed_at + 5),
@@ -168,7 +168,7 @@ def _trainer_layers(model: TrainableBiLM, tokens: list[str]) -> list[np.ndarray]
 
 def test_encoder_reproduces_the_trainers_forward_pass(trained):
     model, _ = load_trained_model(trained)
-    encoder = Encoder.from_files(trained / "options.json", trained / "weights.hdf5", device="cpu")
+    encoder = Encoder.load((trained / "options.json", trained / "weights.hdf5"), device="cpu")
     for tokens in (["the", "cat", "saw", "its", "shadow", "."], ["unseen", "x" * 80, "Ünïcödé", "rained"], ["a"]):
         got = encoder.embed_sentence(tokens)
         for layer, expected in enumerate(_trainer_layers(model, tokens)):
@@ -329,7 +329,7 @@ def test_cuda_training_and_perplexity_agree_with_the_cpu(tmp_path, corpus, train
     assert result.steps == 30
     # The weights it writes are the official layout and load on the CPU like any other.
     model, _ = load_trained_model(tmp_path / "gpu")
-    encoder = Encoder.from_files(tmp_path / "gpu" / "options.json", tmp_path / "gpu" / "weights.hdf5", device="cpu")
+    encoder = Encoder.load((tmp_path / "gpu" / "options.json", tmp_path / "gpu" / "weights.hdf5"), device="cpu")
     tokens = ["the", "cat", "saw", "its", "shadow", "."]
     for layer, expected in enumerate(_trainer_layers(model, tokens)):
         np.testing.assert_allclose(encoder.embed_sentence(tokens)[layer], expected, rtol=0, atol=1e-5)

@@ -38,7 +38,7 @@ def test_time_limit_stops_cleanly_and_the_rerun_takes_the_same_steps(tmp_path, c
     train(corpus, whole, replace(TINY, max_steps=6))
     stopped = train(corpus, limited, replace(TINY, max_steps=6, time_limit=0.0))  # stops after its first step
     assert stopped.steps == 1 and not stopped.finished
-    Encoder.from_files(limited / "options.json", limited / "weights.hdf5", device="cpu")  # whole files
+    Encoder.load((limited / "options.json", limited / "weights.hdf5"), device="cpu")  # whole files
     done = train(corpus, limited, replace(TINY, max_steps=6))
     assert done.resumed_from_step == 1 and done.steps == 6 and done.finished
     assert_same_weights(whole, limited)
@@ -62,7 +62,7 @@ def test_small_presets_train_and_load_in_the_encoder(tmp_path, corpus, preset):
     result = train(corpus, output, replace(TINY, preset=preset, batch_size=2, unroll=3, max_steps=1))
     assert result.steps == 1
     options = TRAIN_PRESETS[preset]
-    encoder = Encoder.from_files(output / "options.json", output / "weights.hdf5", device="cpu")
+    encoder = Encoder.load((output / "options.json", output / "weights.hdf5"), device="cpu")
     assert encoder.output_dim == 2 * options.projection_dim
     assert encoder.embed_sentence(["the", "cat"]).shape == (3, 2, 2 * options.projection_dim)
 

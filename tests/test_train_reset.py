@@ -112,7 +112,7 @@ def test_warm_perplexity_starts_from_the_encoders_warm_state(tmp_path, corpus):
     output = tmp_path / "model"
     train(corpus, output, replace(TINY, max_steps=20))
     model, _ = load_trained_model(output)
-    encoder = Encoder.from_files(output / "options.json", output / "weights.hdf5", device="cpu", initial_state="warm")
+    encoder = Encoder.load((output / "options.json", output / "weights.hdf5"), device="cpu", initial_state="warm")
     for layer, (h, c) in enumerate(warm_state(model)):
         np.testing.assert_allclose(h.numpy(), encoder._h0[layer].numpy(), rtol=0, atol=1e-5)
         np.testing.assert_allclose(c.numpy(), encoder._c0[layer].numpy(), rtol=0, atol=1e-5)

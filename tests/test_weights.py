@@ -36,7 +36,7 @@ def test_missing_dataset(model):
     with h5py.File(model[1], "a") as f:
         del f["CNN_high_1/W_carry"]
     with pytest.raises(WeightFileError, match=r"'CNN_high_1/W_carry' is missing.*\(124, 124\)"):
-        Encoder.from_files(*model, device="cpu")
+        Encoder.load(model, device="cpu")
 
 
 def test_misshapen_dataset(model):
@@ -44,14 +44,14 @@ def test_misshapen_dataset(model):
         del f["RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_P_0"]
         f["RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_P_0"] = np.zeros((64, 17), np.float32)
     with pytest.raises(WeightFileError, match=r"W_P_0' has shape \(64, 17\).*implies \(64, 16\)"):
-        Encoder.from_files(*model, device="cpu")
+        Encoder.load(model, device="cpu")
 
 
 def test_not_hdf5(model, tmp_path):
     bogus = tmp_path / "weights.hdf5"
     bogus.write_bytes(b"this is not HDF5")
     with pytest.raises(WeightFileError, match="not an HDF5 file"):
-        Encoder.from_files(model[0], bogus, device="cpu")
+        Encoder.load((model[0], bogus), device="cpu")
 
 
 def test_options_and_weights_that_do_not_belong_together(model, tmp_path):
@@ -59,39 +59,39 @@ def test_options_and_weights_that_do_not_belong_together(model, tmp_path):
     options_path = tmp_path / "other_options.json"
     options_path.write_text(json.dumps(other.to_dict()))
     with pytest.raises(WeightFileError, match="do not belong together"):
-        Encoder.from_files(options_path, model[1], device="cpu")
+        Encoder.load((options_path, model[1]), device="cpu")
     fewer_filters = replace(PRESETS["tiny"], filters=PRESETS["tiny"].filters[:-1])
     options_path.write_text(json.dumps(fewer_filters.to_dict()))
     with pytest.raises(WeightFileError, match="CNN"):
-        Encoder.from_files(options_path, model[1], device="cpu")
+        Encoder.load((options_path, model[1]), device="cpu")
 
 
 def test_nan_weights_are_rejected(model):
     with h5py.File(model[1], "a") as f:
         f["CNN_proj/b_proj"][3] = np.nan
     with pytest.raises(WeightFileError, match="b_proj.*NaN"):
-        Encoder.from_files(*model, device="cpu")
+        Encoder.load(model, device="cpu")
 
 
 def test_missing_files_and_bad_options(model, tmp_path):
     with pytest.raises(ModelNotFoundError, match="weight file not found"):
-        Encoder.from_files(model[0], tmp_path / "nope.hdf5")
+        Encoder.load((model[0], tmp_path / "nope.hdf5"))
     with pytest.raises(ModelNotFoundError, match="options file not found"):
-        Encoder.from_files(tmp_path / "nope.json", model[1])
+        Encoder.load((tmp_path / "nope.json", model[1]))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(OptionsError, match="not valid JSON"):
-        Encoder.from_files(broken, model[1])
+        Encoder.load((broken, model[1]))
     raw = PRESETS["tiny"].to_dict()
     del raw["lstm"]["projection_dim"]
     broken.write_text(json.dumps(raw))
     with pytest.raises(OptionsError, match="missing key 'projection_dim'"):
-        Encoder.from_files(broken, model[1])
+        Encoder.load((broken, model[1]))
     raw = PRESETS["tiny"].to_dict()
     raw["char_cnn"]["activation"] = "gelu"
     broken.write_text(json.dumps(raw))
     with pytest.raises(OptionsError, match="'gelu' is not one of \\['relu', 'tanh'\\]"):
-        Encoder.from_files(broken, model[1])
+        Encoder.load((broken, model[1]))
     # Every one of these is also catchable as the matching builtin.
     assert issubclass(WeightFileError, ValueError) and issubclass(ModelNotFoundError, FileNotFoundError)
     assert issubclass(OptionsError, ElmoCacheError)
@@ -156,7 +156,7 @@ def test_loading_the_original_size_needs_little_more_memory_than_its_weights(tmp
         "import resource, sys, torch\n"
         "from elmo_cache import Encoder\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "Encoder.from_files(sys.argv[1], sys.argv[2], device='cpu')\n"
+        "Encoder.load((sys.argv[1], sys.argv[2]), device='cpu')\n"
         "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "print((after - before) * 1024)\n"
     )
@@ -169,15 +169,19 @@ def test_loading_the_original_size_needs_little_more_memory_than_its_weights(tmp
     assert growth < 1.3 * size, f"loading grew RSS by {growth / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights"
 
 
-def test_load_encoder_picks_files_over_names_and_explains_mistakes(model):
-    from elmo_cache.encoder import load_encoder
-    from elmo_cache.errors import InvalidParameterError
+def test_encoder_load_picks_files_over_names_and_explains_mistakes(model):
+    from elmo_cache.errors import InvalidParameterError, ModelNotFoundError
 
-    assert load_encoder("not-a-model", *model, device="cpu").output_dim == 32  # files win
+    files_win = Encoder.load("not-a-model", options_file=model[0], weight_file=model[1], device="cpu")
+    assert files_win.output_dim == 32 and files_win.name == model[1].stem
     with pytest.raises(InvalidParameterError, match="go together"):
-        load_encoder(None, model[0], None)
-    with pytest.raises(InvalidParameterError, match="no model"):
-        load_encoder(None)
+        Encoder.load(options_file=model[0], device="cpu")
+    with pytest.raises(InvalidParameterError, match="tuple is"):
+        Encoder.load((model[0],), device="cpu")
+    with pytest.raises(ModelNotFoundError, match="'bundled'.*'original'.*a directory"):
+        Encoder.load("not-a-model", device="cpu")
+    with pytest.warns(DeprecationWarning, match="Encoder.load"):
+        assert Encoder.from_files(*model, device="cpu").output_dim == 32
 
 
 def _datasets(options):
@@ -197,7 +201,7 @@ def test_write_weight_file_round_trips_through_the_loader(tmp_path):
     with h5py.File(path, "r") as f:
         assert all(f[name].dtype == np.float32 for name in weight_shapes(options))
         np.testing.assert_array_equal(f["CNN_proj/W_proj"][()], datasets["CNN_proj/W_proj"].astype(np.float32))
-    assert Encoder.from_files(options_path, path, device="cpu").embed_sentence(["hi"]).shape == (3, 1, 32)
+    assert Encoder.load((options_path, path), device="cpu").embed_sentence(["hi"]).shape == (3, 1, 32)
 
 
 @pytest.mark.parametrize(

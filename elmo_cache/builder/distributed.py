@@ -213,7 +213,7 @@ class _Job:
     plan: Plan
     layout: Layout
     n_rows: int
-    model_files: Any  # hub.ModelFiles
+    model_files: Any  # sources.ModelFiles
     device: str
     precision: str
     initial_state: str
@@ -269,7 +269,7 @@ class PartWriter:
 
         torch.set_num_threads(job.torch_threads)
         self.job = job
-        encoder = Encoder.from_model(
+        encoder = Encoder.load(
             job.model_files, device=job.device, precision=job.precision, initial_state=job.initial_state
         )
         self.encode = WindowEncoder(encoder, job.plan, job.batch_tokens)
@@ -397,12 +397,12 @@ def _build(
     run_start: float,
 ) -> BuildSummary:
     from elmo_cache.encoder import Encoder
-    from elmo_cache.model import hub
+    from elmo_cache.model import sources
 
-    files = hub.choose(options.model or hub.BUNDLED, options.options_file, options.weight_file)
+    files = sources.resolve(options.model, options.options_file, options.weight_file)
     # The driver needs the model's width and identity only: fp32 on the CPU loads anywhere
     # (precision changes the identity, not the width, so it is set as the workers will run it).
-    probe = Encoder.from_model(files, device="cpu", precision="fp32", initial_state=options.initial_state)
+    probe = Encoder.load(files, device="cpu", precision="fp32", initial_state=options.initial_state)
     ident_model = {**probe.identity, "precision": options.precision}
     dim = probe.output_dim
     del probe

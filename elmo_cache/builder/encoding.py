@@ -28,7 +28,7 @@ __all__ = [
     "WindowEncoder",
     "assign_window",
     "default_batch_tokens",
-    "load_encoder",
+    "encoder_for",
     "WINDOW_MAX_SENTENCES",
 ]
 
@@ -42,10 +42,9 @@ def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
     return options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
 
 
-def load_encoder(options: BuildOptions, **overrides: Any) -> Any:
-    """The encoder ``options`` name (``overrides`` replace keyword arguments of ``Encoder.from_files``)."""
-    from elmo_cache.encoder import load_encoder as load
-    from elmo_cache.model.hub import BUNDLED
+def encoder_for(options: BuildOptions, **overrides: Any) -> Any:
+    """The encoder ``options`` name (``overrides`` replace keyword arguments of ``Encoder.load``)."""
+    from elmo_cache.encoder import Encoder
 
     kwargs: dict[str, Any] = {
         "device": options.device,
@@ -53,7 +52,7 @@ def load_encoder(options: BuildOptions, **overrides: Any) -> Any:
         "initial_state": options.initial_state,
         **overrides,
     }
-    return load(options.model or BUNDLED, options.options_file, options.weight_file, **kwargs)
+    return Encoder.load(options.model, options_file=options.options_file, weight_file=options.weight_file, **kwargs)
 
 
 @dataclass

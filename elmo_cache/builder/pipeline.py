@@ -36,7 +36,7 @@ from elmo_cache.builder.encoding import (
     WindowEncoder,
     assign_window,
     default_batch_tokens,
-    load_encoder,
+    encoder_for,
 )
 from elmo_cache.builder.options import ENGINES, BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, options_json, prepare_output
@@ -242,7 +242,7 @@ def build(
 def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any) -> BuildSummary:
     """The local build of ``plan``, with the output's lock held."""
     if encoder is None:
-        encoder = load_encoder(options)
+        encoder = encoder_for(options)
     elif getattr(encoder, "initial_state", "zero") == "carry":
         raise InvalidParameterError(
             "encoder: initial_state 'carry' makes vectors depend on batch order; use 'zero' or 'warm'"

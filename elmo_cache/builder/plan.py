@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache import __version__
+from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
@@ -203,7 +203,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             raise InvalidParameterError(f"shard_rows: must be a positive number of rows, got {options.shard_rows}")
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
-    from elmo_cache.encoder import PRECISIONS
+    from elmo_cache.hardware import PRECISIONS
 
     if options.precision not in PRECISIONS:
         raise InvalidParameterError(f"precision: {options.precision!r} is not valid; choose from {list(PRECISIONS)}")

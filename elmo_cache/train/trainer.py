@@ -162,7 +162,7 @@ def _model_options(options: TrainOptions) -> ModelOptions:
 
 
 def _resolve_device(device: str | None) -> torch.device:
-    from elmo_cache.encoder import _resolve_device as resolve
+    from elmo_cache.hardware import resolve_device as resolve
 
     return resolve(device)
 
