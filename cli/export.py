@@ -16,7 +16,7 @@ __all__ = ["export_command"]
     help="Corpus for sentence_to_index (its lines as allennlp keys them). Default: the cache's stored tokens.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
-def export_command(cache, output, corpus, overwrite):
+def export_command(cache: str, output: str, corpus: str | None, overwrite: bool) -> None:
     """Write CACHE to OUTPUT in the original allennlp HDF5 layout (one dataset per line)."""
     from elmo_cache.export import export
 

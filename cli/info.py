@@ -45,7 +45,7 @@ def _describe(path: Path) -> dict[str, Any]:
 @click.command("info")
 @click.argument("cache", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole metadata as JSON.")
-def info_command(cache, as_json):
+def info_command(cache: str, as_json: bool) -> None:
     """Print the metadata and counts of CACHE (or the state of its interrupted build)."""
     meta = _describe(Path(cache))
     if as_json:

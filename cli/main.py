@@ -8,6 +8,7 @@ printed plainly on stderr, and turn into exit code 1.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -16,7 +17,7 @@ from elmo_cache.errors import ElmoCacheError
 
 
 class _Group(click.Group):
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ElmoCacheError as exc:

@@ -26,7 +26,14 @@ __all__ = ["perplexity_command"]
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda or cuda:N. Default: CUDA when available.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def perplexity_command(model_dir, text, mode, batch_size, device, as_json):
+def perplexity_command(
+    model_dir: str,
+    text: str,
+    mode: str,
+    batch_size: int,
+    device: str | None,
+    as_json: bool,
+) -> None:
     """Perplexity of the biLM in MODEL_DIR on TEXT (one sentence per line): forward, backward and mean."""
     from elmo_cache.train import perplexity
 

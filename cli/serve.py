@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from elmo_cache.errors import ElmoCacheError
+
+if TYPE_CHECKING:
+    from elmo_cache.encoder import Encoder
+    from elmo_cache.reader import Cache
+    from elmo_cache.server.settings import Settings
 
 __all__ = ["serve_command", "run_server"]
 
@@ -86,7 +91,7 @@ def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
 )
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
-def serve_command(cache: Path | None, **flags) -> None:
+def serve_command(cache: Path | None, **flags: Any) -> None:
     """Serve CACHE (optional when a model is given) over HTTP with FastAPI + uvicorn.
 
     Sentences missing from CACHE are encoded live with --model, or without it with the model
@@ -114,7 +119,7 @@ def serve_command(cache: Path | None, **flags) -> None:
     run_server(settings, encoder=encoder, cache=store)
 
 
-def run_server(settings: Any, *, encoder: Any = None, cache: Any = None) -> None:
+def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cache | None = None) -> None:
     """Serve with uvicorn until SIGTERM/SIGINT, then drain for ``graceful_timeout_s`` and return.
 
     uvicorn stops accepting, lets requests in flight finish for ``graceful_timeout_s``, then

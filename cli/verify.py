@@ -23,7 +23,16 @@ __all__ = ["verify_command"]
 )
 @model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
-def verify_command(cache, sample, corpus, model, options_file, weight_file, device, seed):
+def verify_command(
+    cache: str,
+    sample: int,
+    corpus: str | None,
+    model: str | None,
+    options_file: str | None,
+    weight_file: str | None,
+    device: str | None,
+    seed: int,
+) -> None:
     """Check the structure of CACHE and optionally a sample of its vectors."""
     from elmo_cache.verify import verify
 

@@ -10,13 +10,16 @@ reproduce it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.selection import ALL_LAYERS, MixSpec, parse_layers
+
+if TYPE_CHECKING:
+    from elmo_cache.reader import Cache
 
 __all__ = ["ScalarMix"]
 
@@ -55,7 +58,7 @@ class ScalarMix(nn.Module):
         self.gamma = nn.Parameter(torch.tensor(float(gamma)), requires_grad=trainable)
 
     @classmethod
-    def for_cache(cls, cache: Any, **kwargs: Any) -> ScalarMix:
+    def for_cache(cls, cache: Cache, **kwargs: Any) -> ScalarMix:
         """A mix over the layers a layered cache stores (``cache``: a Cache or a CacheDataset)."""
         if cache.layers is None:
             raise InvalidParameterError(f"{cache.path}: a mixed cache has no layers to learn a mix over")

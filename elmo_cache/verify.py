@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from elmo_cache.store.hdf5 import little_endian
 from elmo_cache.store.zarr import file_checksum
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
+
+if TYPE_CHECKING:
+    from elmo_cache.encoder import Encoder
 
 __all__ = ["VerifyReport", "verify", "tolerance"]
 
@@ -92,7 +95,7 @@ def verify(
     *,
     sample: int = 0,
     corpus: str | os.PathLike[str] | None = None,
-    encoder: Any = None,
+    encoder: Encoder | None = None,
     model: str | None = None,
     options_file: str | os.PathLike[str] | None = None,
     weight_file: str | os.PathLike[str] | None = None,
@@ -501,7 +504,7 @@ def _check_corpus(
 
 def _load_model(
     meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None
-) -> Any:
+) -> Encoder:
     """The model asked for, else the one the cache records (found locally, else loaded by its recorded name)."""
     from elmo_cache.encoder import Encoder
     from elmo_cache.model import sources
@@ -533,7 +536,7 @@ def _check_sample(
     arrays: dict[str, Any],
     tokens: dict[int, list[str]],
     report: VerifyReport,
-    encoder: Any,
+    encoder: Encoder | None,
     model: str | None,
     options_file: Any,
     weight_file: Any,

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
@@ -32,6 +32,10 @@ from elmo_cache.server.service import EmbedService
 from elmo_cache.server.settings import Settings, load_settings
 from elmo_cache.server.workers import ReadPool
 
+if TYPE_CHECKING:
+    from elmo_cache.encoder import Encoder
+    from elmo_cache.reader import Cache
+
 __all__ = ["create_app", "load_resources", "check_compatible"]
 
 _log = logging.getLogger("elmo_cache.server")
@@ -44,7 +48,7 @@ every response carries `X-Request-ID` (yours when you send a plain one), and eve
 """
 
 
-def check_compatible(cache: Any, encoder: Any) -> None:
+def check_compatible(cache: Cache, encoder: Encoder) -> None:
     """Refuse a model that differs from the one that built the cache: hits and live answers would disagree."""
     metadata = getattr(cache, "metadata", None) or {}
     built_with = metadata.get("model") or {}
@@ -67,7 +71,9 @@ def check_compatible(cache: Any, encoder: Any) -> None:
         )
 
 
-def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None) -> tuple[Any, Any]:
+def load_resources(
+    settings: Settings, *, encoder: Encoder | None = None, cache: Cache | None = None
+) -> tuple[Encoder | None, Cache | None]:
     """Load whatever ``settings`` name and was not passed in; returns ``(encoder, cache)``.
 
     Without a model in ``settings``, a cache is served with the model recorded in its metadata
@@ -119,7 +125,9 @@ def load_resources(settings: Settings, *, encoder: Any = None, cache: Any = None
     return encoder, cache
 
 
-def create_app(settings: Settings | None = None, *, encoder: Any = None, cache: Any = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, encoder: Encoder | None = None, cache: Cache | None = None
+) -> FastAPI:
     """Build the app. ``encoder`` / ``cache`` may be passed already built; the rest loads in the lifespan."""
     settings = settings if settings is not None else load_settings()
     app_metrics = Metrics()

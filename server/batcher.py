@@ -122,7 +122,7 @@ class LiveBatcher:
         Raises :class:`~elmo_cache.errors.QueueFullError` at once when ``queue_size`` requests are already waiting,
         :class:`~elmo_cache.errors.LiveTimeoutError` when the answer takes longer than ``timeout_s``.
         """
-        if self._queue is None or not self.running:
+        if self._queue is None or self._arrived is None or not self.running:
             raise NotReadyError("live encoding is not running (the server is starting or stopping)")
         job = _Job(sentences=sentences, finish=finish, future=asyncio.get_running_loop().create_future())
         try:

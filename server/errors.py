@@ -117,7 +117,13 @@ def request_id_of(request: Request) -> str | None:
 
 
 def _json_error(
-    status: int, code: str, message: str, *, request_id: str | None, details=None, headers=None
+    status: int,
+    code: str,
+    message: str,
+    *,
+    request_id: str | None,
+    details: Any = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     if details is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,10 @@ from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.settings import Settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.text.tokenize import sentence_key, tokenize
+
+if TYPE_CHECKING:
+    from elmo_cache.encoder import Encoder
+    from elmo_cache.reader import Cache
 
 __all__ = ["Embedding", "EmbedService", "Timings"]
 
@@ -61,8 +65,8 @@ class EmbedService:
         settings: Settings,
         metrics: Metrics,
         *,
-        cache: Any | None = None,
-        encoder: Any | None = None,
+        cache: Cache | None = None,
+        encoder: Encoder | None = None,
         batcher: LiveBatcher | None = None,
         pool: ReadPool | None = None,
     ) -> None:
@@ -84,6 +88,7 @@ class EmbedService:
             self.dtype = np.dtype(cache.dtype)
             self.dim = int(metadata["dim"])
         else:
+            assert encoder is not None
             self.dtype = np.dtype(np.float32)
             self.dim = int(encoder.output_dim)
         # Without layers and mix a request gets what the cache stores (all layers without a cache).
@@ -145,6 +150,7 @@ class EmbedService:
         if missing:
             if self.encoder is None:
                 raise self._not_found(token_lists, missing)
+            assert self.batcher is not None  # create_app gives every encoder its batcher
             for i in missing:
                 sources[i] = "live"
             todo = [i for i in missing if token_lists[i]]
@@ -159,7 +165,11 @@ class EmbedService:
                 timings.add("encode", job.encoded)
                 for i, vectors in zip(todo, encoded):
                     answers[i] = vectors
-        return [Embedding(tokens, vectors, source) for tokens, vectors, source in zip(token_lists, answers, sources)]
+        done: list[np.ndarray] = []
+        for vectors in answers:
+            assert vectors is not None  # every sentence was answered above: cached, live or empty
+            done.append(vectors)
+        return [Embedding(tokens, vectors, source) for tokens, vectors, source in zip(token_lists, done, sources)]
 
     def _not_found(self, token_lists: list[list[str]], missing: list[int]) -> NotInCacheError:
         if len(token_lists) == 1:
@@ -178,10 +188,12 @@ class EmbedService:
 
     def _lookup(self, token_lists: list[list[str]], selection: Selection) -> list[np.ndarray | None]:
         """Runs in a worker thread: reading the store may touch the disk."""
+        cache = self.cache
+        assert cache is not None
         out: list[np.ndarray | None] = []
         for tokens in token_lists:
-            index = self.cache.find(tokens)
-            out.append(None if index is None else self.finish_cached(self.cache[index], selection))
+            index = cache.find(tokens)
+            out.append(None if index is None else self.finish_cached(cache[index], selection))
         return out
 
     @property
@@ -196,12 +208,13 @@ class EmbedService:
         stored row is finite, else as a damaged cache. Checking also reads every page of the row
         here, in a pool thread, rather than later while the response is written.
         """
-        assert self.stored is not None
-        out = selection.extract(self.stored, stored, self.dtype)
+        held = self.stored
+        assert held is not None
+        out = selection.extract(held, stored, self.dtype)
         if not np.isfinite(out).all():
             if not np.isfinite(stored).all():
                 raise CacheFormatError("the cache holds non-finite values (NaN or infinity) in a requested row")
-            raise self._overflow(selection, lambda sel: sel.extract(self.stored, stored, self.dtype))
+            raise self._overflow(selection, lambda sel: sel.extract(held, stored, self.dtype))
         return out
 
     def finish_live(self, acts: np.ndarray, selection: Selection) -> np.ndarray:

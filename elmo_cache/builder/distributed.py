@@ -36,7 +36,6 @@ import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -408,8 +407,7 @@ def _build(
     del probe
     plan = plan.with_model(dim)
 
-    # identity() reads these two attributes of an encoder
-    ident = identity(plan, SimpleNamespace(output_dim=dim, identity=ident_model), dedupe=bool(options.dedupe))
+    ident = identity(plan, ident_model, dim, dedupe=bool(options.dedupe))
     device = _device(ray, options)
     batch_tokens = default_batch_tokens(options, device.split(":")[0])
     window_tokens = batch_tokens * options.window_batches

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from elmo_cache.builder._alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
+
+if TYPE_CHECKING:
+    from elmo_cache.encoder import Encoder
 
 __all__ = [
     "Window",
@@ -42,7 +45,7 @@ def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
     return options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
 
 
-def encoder_for(options: BuildOptions, **overrides: Any) -> Any:
+def encoder_for(options: BuildOptions, **overrides: Any) -> Encoder:
     """The encoder ``options`` name (``overrides`` replace keyword arguments of ``Encoder.load``)."""
     from elmo_cache.encoder import Encoder
 
@@ -107,7 +110,7 @@ def assign_window(window: Window, rows_before: int, seen: SeenSentences | None) 
 class WindowEncoder:
     """Turns windows into rows in input order, in the stored layout and dtype."""
 
-    def __init__(self, encoder: Any, plan: Plan, batch_tokens: int):
+    def __init__(self, encoder: Encoder, plan: Plan, batch_tokens: int):
         # Both engines encode windows through here: without it the process's heap creeps up window after
         # window (see elmo_cache.builder._alloc).
         fix_mmap_threshold()

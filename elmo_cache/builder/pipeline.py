@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from elmo_cache.store import Layout, Progress, Writer, writer_class
 from elmo_cache.store.lock import output_lock
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
+
+if TYPE_CHECKING:
+    from elmo_cache.encoder import Encoder
 
 __all__ = ["build"]
 
@@ -199,7 +202,7 @@ def _now() -> str:
 def build(
     corpus: str | os.PathLike[str] | Corpus,
     options: BuildOptions | None = None,
-    encoder: Any = None,
+    encoder: Encoder | None = None,
     *,
     engine: str = "local",
     address: str | None = None,
@@ -239,7 +242,7 @@ def build(
         return _build_locked(source, plan, options, encoder)
 
 
-def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any) -> BuildSummary:
+def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder | None) -> BuildSummary:
     """The local build of ``plan``, with the output's lock held."""
     if encoder is None:
         encoder = encoder_for(options)
@@ -249,7 +252,7 @@ def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: An
         )
     plan = plan.with_model(encoder.output_dim)
     row_shape = plan.row_shape(encoder.output_dim)
-    ident = identity(plan, encoder, dedupe=bool(options.dedupe))
+    ident = identity(plan, encoder.identity, encoder.output_dim, dedupe=bool(options.dedupe))
     run_start = time.monotonic()
 
     action, state = prepare_output(plan, ident, options.overwrite)
@@ -315,7 +318,7 @@ def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: An
     )
 
 
-def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Any, writer: Writer, run_start: float) -> None:
+def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, writer: Writer, run_start: float) -> None:
     """Encode from the last committed line to the end of the corpus, committing as it goes."""
     progress = writer.progress
     batch_tokens = default_batch_tokens(options, getattr(getattr(encoder, "device", None), "type", "cpu"))

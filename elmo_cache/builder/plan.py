@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,18 +227,21 @@ def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOption
     return make_plan(source, options).output
 
 
-def identity(plan: Plan, encoder: Any, *, dedupe: bool) -> dict[str, Any]:
-    """What the cache will hold, as compared with an existing cache or an interrupted build at the output."""
+def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) -> dict[str, Any]:
+    """What the cache will hold, as compared with an existing cache or an interrupted build at the output.
+
+    ``model`` is the model's identity (:attr:`Encoder.identity <elmo_cache.Encoder.identity>`) and
+    ``dim`` the width of its vectors."""
     return {
         "container": plan.format,
         **plan.selection.to_metadata(),
-        "dim": int(encoder.output_dim),
+        "dim": int(dim),
         "dtype": plan.dtype,
         "dedupe": dedupe,
         "compression": plan.compression,
         "chunk_rows": plan.chunk_rows,
         "shard_rows": plan.shard_rows,
-        "model": dict(encoder.identity),
+        "model": dict(model),
         "tokenization": TOKENIZATION,
         "sentence_hash": SENTENCE_HASH,
     }
