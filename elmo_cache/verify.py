@@ -13,7 +13,6 @@ no text: without its corpus only its structure can be checked.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,18 +24,15 @@ from elmo_cache.errors import CacheFormatError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
 from elmo_cache.selection import Selection
 from elmo_cache.store import open_with_library
+from elmo_cache.store.container import get_container
 from elmo_cache.store.format import (
-    CHECKSUMS_FILE,
     FORMAT_VERSIONS,
     INDEX_DTYPES,
     TEXT_ENCODING,
     arrays_of,
-    checksum,
     decode_metadata,
     metadata_checksum,
 )
-from elmo_cache.store.hdf5 import little_endian
-from elmo_cache.store.zarr import file_checksum
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -175,15 +171,8 @@ def verify(
         close()
 
 
-def _array_of(relative: str) -> str:
-    """The array a file of a zarr group belongs to (``vectors/c/3/0/0`` -> ``vectors``)."""
-    if "/c/" in relative:
-        return relative.split("/c/")[0]
-    return relative.rsplit("/", 1)[0] if "/" in relative else relative
-
-
 def _check_checksums(fmt: str, path: Path, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
-    """Compare the CRC-32 of the metadata and of every zarr file / HDF5 dataset with those recorded."""
+    """Compare the CRC-32 of the metadata and of every file / dataset of the container with those recorded."""
     problems = report.problems
     recorded = meta.get("checksums")
     if not isinstance(recorded, dict) or recorded.get("algorithm") != "crc32":
@@ -194,58 +183,12 @@ def _check_checksums(fmt: str, path: Path, meta: dict[str, Any], arrays: dict[st
             f"metadata: CRC-32 {metadata_checksum(meta):#010x}, recorded {recorded.get('metadata')!r}: "
             "the metadata was edited after the build"
         )
-    found: list[str] = []
-    if fmt == "zarr":
-        try:
-            listing = json.loads((path / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{CHECKSUMS_FILE}: unreadable ({exc}); the file checksums cannot be checked")
-            return
-        for relative, (size, crc) in sorted(listing.items()):
-            where = f"{relative} (array {_array_of(relative)!r})"
-            file = path / relative
-            if not file.is_file():
-                found.append(f"{where}: file missing")
-                continue
-            actual_size, actual_crc = file_checksum(file)
-            if actual_size != size:
-                found.append(f"{where}: {actual_size} bytes, expected {size} (truncated or overwritten)")
-            elif actual_crc != crc:
-                found.append(f"{where}: CRC-32 {actual_crc:#010x}, expected {crc:#010x} (bytes changed: bit flip?)")
-    else:
-        for name, crc in sorted((recorded.get("datasets") or {}).items()):
-            dataset = arrays.get(name)
-            if dataset is None:
-                found.append(f"dataset {name!r}: missing")
-                continue
-            try:
-                actual = _dataset_checksum(dataset)
-            except Exception as exc:  # h5py raises many types for damaged files
-                found.append(f"dataset {name!r}: unreadable ({type(exc).__name__}: {exc})")
-                continue
-            if actual != crc:
-                found.append(
-                    f"dataset {name!r}: CRC-32 {actual:#010x}, expected {crc:#010x} (bytes changed: bit flip?)"
-                )
+    found, what = get_container(fmt).checksum_problems(path, meta, arrays)
     problems.extend(found[:20])
     if len(found) > 20:
         problems.append(f"... and {len(found) - 20} more damaged files or datasets")
     if not problems:
-        what = "file" if fmt == "zarr" else "dataset"
         report.checks.append(f"CRC-32 of the metadata and of every {what} match those recorded at the build")
-
-
-def _dataset_checksum(dataset: Any) -> int:
-    """CRC-32 of an HDF5 dataset's little-endian C-order bytes, read 64 MiB at a time."""
-    shape = dataset.shape
-    if not shape or shape[0] == 0:
-        return checksum(little_endian(dataset[()]))
-    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * dataset.dtype.itemsize)
-    step = max(1, (64 * 2**20) // row_bytes)
-    crc = 0
-    for start in range(0, shape[0], step):
-        crc = checksum(little_endian(dataset[start : start + step]), crc)
-    return crc
 
 
 def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
@@ -270,17 +213,7 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
             continue
         if str(arrays[name].dtype) != dtype or len(arrays[name].shape) != 1:
             problems.append(f"{name} is {arrays[name].dtype} {tuple(arrays[name].shape)}, expected 1-D {dtype}")
-    if fmt == "hdf5":
-        for name, ds in arrays.items():
-            if ds.chunks is not None or ds.compression is not None:
-                problems.append(f"HDF5 dataset {name} is chunked or compressed; FORMAT.md wants it contiguous (memmap)")
-    else:
-        chunks = tuple(vectors.chunks)
-        if chunks[1:] != tuple(vectors.shape[1:]) or chunks[0] != meta.get("chunk_rows"):
-            problems.append(f"vectors chunks {chunks} do not match chunk_rows {meta.get('chunk_rows')} along rows only")
-        shards = tuple(vectors.shards or chunks)
-        if meta.get("shard_rows") is not None and (shards[0] != meta["shard_rows"] or shards[1:] != chunks[1:]):
-            problems.append(f"vectors shards {shards} do not match shard_rows {meta['shard_rows']} along rows only")
+    problems.extend(get_container(fmt).structure_problems(meta, arrays))
     if problems:
         return
     report.checks.append("metadata and array shapes/dtypes")

@@ -207,7 +207,9 @@ def test_cli_engine_ray(tiny_model, corpus, tmp_path):
 
 
 def test_clear_errors(tiny_model, corpus, tmp_path, monkeypatch):
-    with pytest.raises(InvalidParameterError, match=r"zarr caches only.*HDF5"):
+    with pytest.raises(
+        InvalidParameterError, match=r"an? hdf5 cache has a single writer; build zarr \(or use --engine local\)"
+    ):
         build(corpus, options(tiny_model, tmp_path / "x.h5", chunk_rows=None, shard_rows=None), engine="ray")
     with pytest.raises(InvalidParameterError, match=r"engine: 'spark' is not valid; choose from \['local', 'ray'\]"):
         build(corpus, options(tiny_model, tmp_path / "x.zarr"), engine="spark")

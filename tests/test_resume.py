@@ -174,15 +174,17 @@ def _committed(output: Path) -> int:
 )
 def test_kill_9_at_random_moments(tmp_path, tiny_model, suffix, extra):
     rng = random.Random(1234)
-    # Big enough that encoding outlasts the kill delays below (~4 s of work on one thread): with
-    # 400 lines a resumed run sometimes finished before its kill, leaving a single kill.
+    # Enough lines for several commits between start-up and the end of the build.
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(1200, seed=9))
     output = tmp_path / ("c" + suffix)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = _command(corpus, output, tiny_model, extra)
 
+    started = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    # Kill delays scale with this machine's speed: fixed ones let a fast CPU finish before the kill.
+    whole_run = time.monotonic() - started
     reference = tmp_path / "reference"
     shutil.move(output, reference)
 
@@ -191,12 +193,12 @@ def test_kill_9_at_random_moments(tmp_path, tiny_model, suffix, extra):
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         before = _committed(output)
         if attempt == 0:
-            time.sleep(rng.uniform(0.5, 3.0))  # anywhere, start-up included
+            time.sleep(rng.uniform(0.2, 0.8) * whole_run)  # anywhere, start-up included
         else:
             deadline = time.monotonic() + 60
             while _committed(output) <= before and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)  # until this run has committed something of its own
-            time.sleep(rng.uniform(0.0, 0.4))
+            time.sleep(rng.uniform(0.0, 0.1) * whole_run)
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills += 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_store_contract import DIM, _append, _metadata, _sentences
+from store_contract import DIM, _append, _metadata, _sentences
 
 import elmo_cache
 from elmo_cache import store

@@ -66,6 +66,7 @@ from elmo_cache.store import (
 )
 from elmo_cache.store._sort import sort_index
 from elmo_cache.store._staging import atomic_write_json, fsync_path, offsets_after_zero
+from elmo_cache.store.container import containers, get_container
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.store.lock import output_lock
 from elmo_cache.text.corpus import Corpus
@@ -348,10 +349,11 @@ def build_distributed(
     options = options or BuildOptions()
     source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
     plan = make_plan(source, options)
-    if plan.format != "zarr":
+    if not get_container(plan.format).parallel_writers:
+        able = [c.name for c in containers() if c.parallel_writers]
         raise InvalidParameterError(
-            "format: the ray engine writes zarr caches only: its workers write separate files of one zarr "
-            "array at once, while an HDF5 file has a single writer. Build zarr (or use --engine local)"
+            f"format: the ray engine's workers write separate files of one cache at once, and a {plan.format} "
+            f"cache has a single writer; build {' or '.join(able)} (or use --engine local)"
         )
     if workers is not None and workers < 1:
         raise InvalidParameterError(f"workers: must be at least 1, got {workers}")

@@ -21,7 +21,8 @@ from elmo_cache.builder.options import BuildOptions
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.selection import MixSpec, Selection
-from elmo_cache.store import COMPRESSIONS, FORMATS, Progress, infer_format, load_progress, read_metadata, remove_output
+from elmo_cache.store import Progress, container_at, infer_format, load_progress, read_metadata, remove_output
+from elmo_cache.store.container import container_names, get_container
 from elmo_cache.store.format import BUILD_DIR, FORMAT_NAME, FORMAT_VERSION, SENTENCE_HASH, TOKENIZATION, staging_path
 from elmo_cache.text.corpus import Corpus
 
@@ -116,7 +117,7 @@ def default_output(corpus: str | os.PathLike[str], format: str) -> Path:
     path = Path(corpus)
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     stem = Path(name).stem or name
-    return path.with_name(stem + (".zarr" if format == "zarr" else ".h5"))
+    return path.with_name(stem + get_container(format).suffixes[0])
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Plan:
 
     # The cache path.
     output: Path
-    # Container: "zarr" or "hdf5".
+    # Container name (elmo_cache.store.container): "zarr" or "hdf5".
     format: str
     # The layers or the mix stored.
     selection: Selection
@@ -143,7 +144,7 @@ class Plan:
 
     def with_model(self, dim: int) -> Plan:
         """This plan once the model's output width ``dim`` is known (fills the default chunk_rows and shard_rows)."""
-        if self.format != "zarr":
+        if not get_container(self.format).chunked:
             return self
         row_bytes = int(np.prod(self.row_shape(dim))) * np.dtype(self.dtype).itemsize
         chunk_rows = self.chunk_rows or default_chunk_rows(row_bytes)
@@ -158,8 +159,8 @@ class Plan:
 
 def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     """Check every option against the others and the corpus; raise :class:`InvalidParameterError` naming it."""
-    if options.format is not None and options.format not in FORMATS:
-        raise InvalidParameterError(f"format: {options.format!r} is not valid; choose from {list(FORMATS)}")
+    if options.format is not None:
+        get_container(options.format)  # the error lists the valid formats
     if options.output is None and source.path is None:
         raise InvalidParameterError("output: reading the corpus from stdin needs -o/--output")
     if options.output is not None and "://" in os.fspath(options.output):
@@ -175,7 +176,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             f"format: --format {options.format} contradicts the output suffix "
             f"{Path(options.output or '').suffix!r} ({suffix_format})"
         )
-    fmt = options.format or suffix_format or "zarr"
+    fmt = options.format or suffix_format or container_names()[0]
     output = Path(options.output) if options.output is not None else default_output(source.path, fmt)  # type: ignore[arg-type]
     if source.path is not None and output.resolve() == source.path.resolve():
         raise InvalidParameterError(f"output: {output} is the corpus itself; choose another -o/--output")
@@ -183,25 +184,10 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     selection = Selection.of(options.layers, options.mix)
 
     compression = None if options.compression in (None, "none") else options.compression
-    if compression is not None and compression not in COMPRESSIONS:
-        raise InvalidParameterError(f"compression: {compression!r} is not valid; choose from {list(COMPRESSIONS)}")
-    if fmt == "hdf5":
-        if compression is not None:
-            raise InvalidParameterError(
-                "compression: only zarr caches can be compressed; HDF5 datasets stay "
-                "contiguous so that readers can memory-map them"
-            )
-        if options.chunk_rows is not None:
-            raise InvalidParameterError("chunk_rows: only zarr caches are chunked; HDF5 datasets are contiguous")
-        if options.shard_rows is not None:
-            raise InvalidParameterError("shard_rows: only zarr caches are sharded; HDF5 datasets are contiguous")
-        chunk_rows = None
-    else:
-        chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)  # None: set once dim is known
-        if chunk_rows is not None and chunk_rows < 1:
-            raise InvalidParameterError(f"chunk_rows: must be a positive number of rows, got {chunk_rows}")
-        if options.shard_rows is not None and options.shard_rows < 1:
-            raise InvalidParameterError(f"shard_rows: must be a positive number of rows, got {options.shard_rows}")
+    # None: set once the model's width is known (Plan.with_model)
+    chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)
+    shard_rows = None if options.shard_rows is None else int(options.shard_rows)
+    get_container(fmt).check_options(compression=compression, chunk_rows=chunk_rows, shard_rows=shard_rows)
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
     from elmo_cache.hardware import PRECISIONS
@@ -217,7 +203,6 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
     if options.commit_seconds < 0:
         raise InvalidParameterError(f"commit_seconds: must be >= 0, got {options.commit_seconds}")
-    shard_rows = None if fmt == "hdf5" or options.shard_rows is None else int(options.shard_rows)
     return Plan(output, fmt, selection, "float16" if options.fp16 else "float32", chunk_rows, compression, shard_rows)
 
 
@@ -314,7 +299,7 @@ def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool) -> tup
                     f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
                     "or pass --overwrite to replace it"
                 )
-            there = {**meta, "container": "zarr" if output.is_dir() else "hdf5"}
+            there = {**meta, "container": container_at(output)}
             if _comparable(there) != _comparable(identity):
                 raise CacheExistsError(
                     f"{output} was built with other options ({differences(there, identity)}); "

@@ -6,7 +6,8 @@
   and ``open_with_library`` (the container's own library, for ``verify``);
 * ``_staging``: the crash-safe staging both writers share.
 
-This module picks the container of a path or a format name. A build asks :func:`writer_class`
+Every format-specific answer comes from the container registry (:mod:`elmo_cache.store.container`):
+this module picks the container of a path or a format name. A build asks :func:`writer_class`
 for the writer of its format, creates or resumes it (``Writer.create`` / ``Writer.resume``),
 appends sentences in input order, commits now and then (everything committed survives
 ``kill -9``), and finally calls ``finalize``. :class:`elmo_cache.reader.Cache` opens caches
@@ -15,10 +16,10 @@ through :func:`detect` and :func:`open_arrays`.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from elmo_cache.errors import (
@@ -27,11 +28,16 @@ from elmo_cache.errors import (
     CacheFormatError,
     CacheNotFoundError,
     IncompleteCacheError,
-    InvalidParameterError,
 )
-from elmo_cache.store import hdf5, zarr
 from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
-from elmo_cache.store.format import BUILD_DIR, FORMATS, STAGING_SUFFIX, ZARR_JSON, infer_format, staging_path
+from elmo_cache.store.container import (
+    Container,
+    container_for_suffix,
+    container_names,
+    containers,
+    get_container,
+)
+from elmo_cache.store.format import BUILD_DIR, STAGING_SUFFIX, ZARR_JSON, staging_path
 from elmo_cache.store.hdf5 import Hdf5Writer
 from elmo_cache.store.lock import current_builder
 from elmo_cache.store.zarr import (
@@ -46,7 +52,9 @@ from elmo_cache.store.zarr import (
 )
 
 __all__ = [
-    "FORMATS",
+    "Container",
+    "container_names",
+    "containers",
     "COMPRESSIONS",
     "SMALL_CHUNK",
     "Layout",
@@ -60,6 +68,7 @@ __all__ = [
     "vectors_file_rows",
     "write_vectors_file",
     "container",
+    "container_at",
     "writer_class",
     "infer_format",
     "detect",
@@ -72,20 +81,21 @@ __all__ = [
     "unfinished",
 ]
 
-_CONTAINERS: dict[str, ModuleType] = {"zarr": zarr, "hdf5": hdf5}
 
-
-def container(format: str) -> ModuleType:
-    """The module reading and writing ``format`` ("zarr" or "hdf5")."""
-    try:
-        return _CONTAINERS[format]
-    except KeyError:
-        raise InvalidParameterError(f"format: {format!r} is not valid; choose from {list(FORMATS)}") from None
+def container(format: str) -> Container:
+    """The container called ``format`` (see :func:`container_names`)."""
+    return get_container(format)
 
 
 def writer_class(format: str) -> type[Writer]:
-    """The writer of ``format`` ("zarr" or "hdf5")."""
-    return ZarrWriter if container(format) is zarr else Hdf5Writer
+    """The writer of ``format``."""
+    return get_container(format).writer()
+
+
+def infer_format(path: str | os.PathLike[str]) -> str | None:
+    """The container a path's suffix asks for (``.zarr``, ``.h5``/``.hdf5``), or None."""
+    found = container_for_suffix(path)
+    return None if found is None else found.name
 
 
 def unfinished(path: Path) -> IncompleteCacheError:
@@ -103,7 +113,7 @@ def unfinished(path: Path) -> IncompleteCacheError:
 
 
 def detect(path: Path) -> str:
-    """The container of the cache at ``path``: "zarr" or "hdf5".
+    """The container of the cache at ``path`` (its name).
 
     Raises :class:`CacheNotFoundError` when nothing is there, :class:`IncompleteCacheError` for
     the staging folder of an unfinished build, :class:`CacheFormatError` for anything else.
@@ -112,25 +122,25 @@ def detect(path: Path) -> str:
         if staging_path(path).is_dir():
             raise unfinished(path)
         raise CacheNotFoundError(f"cache not found: {path}")
-    if path.is_dir():
-        if (path / BUILD_DIR).is_dir():  # the staging folder of a running or interrupted build
-            raise unfinished(path)
-        if zarr.is_store(path):
-            return "zarr"
-        if (path / ".zgroup").exists() or (path / ".zattrs").exists():
-            raise CacheFormatError(f"{path}: a zarr v2 store; elmo-cache caches are zarr v3 ({ZARR_JSON}) or HDF5")
-        raise CacheFormatError(f"{path}: a directory without {ZARR_JSON}, not a zarr v3 cache")
-    if not path.is_file():  # a FIFO (whose open would block forever), a device, a socket
+    if path.is_dir() and (path / BUILD_DIR).is_dir():  # the staging folder of a running or interrupted build
+        raise unfinished(path)
+    if not path.is_dir() and not path.is_file():  # a FIFO (whose open would block forever), a device, a socket
         raise CacheCorruptError(f"{path}: not a regular file nor a directory; not an elmo-cache store")
-    if hdf5.is_store(path):
-        return "hdf5"
-    raise CacheFormatError(f"{path}: neither a zarr v3 directory nor an HDF5 file; not an elmo-cache store")
+    for known in containers():
+        if known.owns(path):
+            return known.name
+    for known in containers():
+        why = known.explain(path)
+        if why is not None:
+            raise CacheFormatError(why)
+    kinds = " nor ".join(known.description for known in containers())
+    raise CacheFormatError(f"{path}: neither {kinds}; not an elmo-cache store")
 
 
 def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[str, Any, dict[str, Any]]:
     """``(format, raw metadata attribute, arrays)`` of the cache at ``path``, memory-mapped where possible."""
     fmt = detect(path)
-    raw, arrays = container(fmt).open_arrays(path, names)
+    raw, arrays = get_container(fmt).open_arrays(path, names)
     return fmt, raw, arrays
 
 
@@ -138,18 +148,28 @@ def open_with_library(path: Path) -> tuple[str, Any, dict[str, Any], Callable[[]
     """``(format, raw metadata, arrays, close)`` read by zarr-python or h5py (for ``verify``)."""
     if not path.exists():
         raise CacheNotFoundError(f"cache not found: {path}")
-    fmt = "zarr" if path.is_dir() else "hdf5"
-    raw, arrays, close = container(fmt).open_with_library(path)
-    return fmt, raw, arrays, close
+    found = _by_shape(path)
+    raw, arrays, close = found.open_with_library(path)
+    return found.name, raw, arrays, close
+
+
+def container_at(path: Path) -> str:
+    """The name of the container of the store at ``path`` (by its owner, else by its shape: directory or file)."""
+    return _by_shape(path).name
+
+
+def _by_shape(path: Path) -> Container:
+    """The container owning ``path``, else (a damaged cache) the first one of its shape: directory or file."""
+    return next((c for c in containers() if c.owns(path)), None) or next(
+        c for c in containers() if c.is_directory == path.is_dir()
+    )
 
 
 def read_metadata(path: Path) -> dict[str, Any] | None:
     """The elmo-cache metadata stored at ``path`` (either container), or None if there is none."""
-    if path.is_dir():
-        return zarr.read_metadata(path)
-    if path.is_file():
-        return hdf5.read_metadata(path)
-    return None
+    if not path.is_dir() and not path.is_file():
+        return None
+    return _by_shape(path).read_metadata(path)
 
 
 def remove_output(path: Path) -> None:

@@ -8,7 +8,6 @@ change of this module and FORMAT.md, nowhere else.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,6 @@ __all__ = [
     "LAYER_IDS",
     "TOKENIZATION",
     "SENTENCE_HASH",
-    "FORMATS",
-    "SUFFIXES",
     "STAGING_SUFFIX",
     "LOCK_SUFFIX",
     "BUILD_DIR",
@@ -48,7 +45,6 @@ __all__ = [
     "ZARR_JSON",
     "HDF5_SIGNATURE",
     "staging_path",
-    "infer_format",
     "decode_metadata",
     "parse_metadata",
 ]
@@ -128,12 +124,6 @@ TOKENIZATION = "whitespace"
 SENTENCE_HASH = "blake2b-64-le"
 """Metadata ``sentence_hash``: the hash the index is sorted by (elmo_cache.text.tokenize.sentence_hash)."""
 
-FORMATS = ("zarr", "hdf5")
-"""Containers, in order of preference (zarr is the default)."""
-
-SUFFIXES = {".zarr": "zarr", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5"}
-"""Output suffixes that choose a container."""
-
 STAGING_SUFFIX = ".partial"
 """A build writes ``<output>.partial/`` and renames it (or the HDF5 file inside) to the output at the end."""
 
@@ -175,11 +165,6 @@ def metadata_checksum(meta: dict[str, Any]) -> int:
 def staging_path(output: Path) -> Path:
     """Where the build of ``output`` keeps its work until it is final."""
     return output.with_name(output.name + STAGING_SUFFIX)
-
-
-def infer_format(path: str | os.PathLike[str]) -> str | None:
-    """The container a path's suffix asks for (``.zarr``, ``.h5``/``.hdf5``), or None."""
-    return SUFFIXES.get(Path(path).suffix.lower())
 
 
 def decode_metadata(raw: Any) -> dict[str, Any] | None:

@@ -1,14 +1,16 @@
-"""One contract, two containers: every test runs over zarr and HDF5 (zarr-python's StoreTests is the model).
+"""One contract for every container (zarr-python's StoreTests is the model).
 
-A container module (``elmo_cache.store.zarr`` / ``.hdf5``) must write a cache through its
-``Writer`` that its own reader (``open_arrays``), ``read_metadata``, ``open_with_library`` and
-:class:`elmo_cache.reader.Cache` all read back the same, crash-safely and atomically.
+A container (:class:`elmo_cache.store.container.Container`) must write a cache through its
+writer that its own reader (``open_arrays``), ``read_metadata``, ``open_with_library`` and
+:class:`elmo_cache.reader.Cache` all read back the same, crash-safely and atomically, and whose
+damage ``open`` and ``verify`` name. Each container runs these tests through one subclass of
+:class:`StoreContract` in ``tests/test_store_<name>.py`` that implements the hooks (how to damage
+or edit a cache in its layout); this module holds no test of its own.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import h5py
@@ -24,8 +26,6 @@ from elmo_cache.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_DTYPES,
-    META_KEY,
-    TOKEN_ARRAYS,
     decode_metadata,
     staging_path,
 )
@@ -81,17 +81,48 @@ def _append(writer, sentences: list[np.ndarray], rows: int, first: int, row_shap
 
 
 class StoreContract:
-    """The tests; a subclass names the container in ``fmt``."""
+    """The tests every container passes. A subclass names the container in ``fmt`` and implements
+    the hooks below, which damage or edit a cache in that container's own layout."""
 
     fmt: str
 
+    # -- hooks: what a new container's test subclass implements ---------------------------------------
+
+    def data_of(self, output: Path, name: str) -> tuple[Path, int]:
+        """The file holding the start of array ``name``'s data, and the byte offset there."""
+        raise NotImplementedError
+
+    def where(self, name: str) -> str:
+        """How ``verify`` names the unit holding the start of array ``name`` in a problem."""
+        raise NotImplementedError
+
+    def truncate_vectors(self, output: Path) -> tuple[str, str]:
+        """Cut the end off the vectors' data; returns how ``open`` and ``verify`` name the damage."""
+        raise NotImplementedError
+
+    def delete_array(self, output: Path, name: str) -> None:
+        raise NotImplementedError
+
+    def set_metadata(self, path: Path, raw: str | None = None, **changes) -> None:
+        """Edit the metadata attribute in place (``raw``: replace it with that text)."""
+        raise NotImplementedError
+
+    def replace_array(self, path: Path, name: str, data: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def write_format_1(self, path: Path) -> None:
+        """Turn a cache into the format-1 layout: no token arrays, no checksums, format_version 1."""
+        raise NotImplementedError
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
     @pytest.fixture
     def output(self, tmp_path) -> Path:
-        return tmp_path / ("c.zarr" if self.fmt == "zarr" else "c.h5")
+        return tmp_path / ("c" + store.container(self.fmt).suffixes[0])
 
     def layout(self, row_shape=(2, DIM)) -> Layout:
-        zarr = self.fmt == "zarr"
-        return Layout(self.fmt, row_shape, "float32", 3 if zarr else None, None, 6 if zarr else None)
+        chunked = store.container(self.fmt).chunked
+        return Layout(self.fmt, row_shape, "float32", 3 if chunked else None, None, 6 if chunked else None)
 
     def write(self, output: Path, sentences: list[np.ndarray], *, commit_every: int = 2, finalize: bool = True):
         layout = self.layout(sentences[0].shape[1:] if sentences else (2, DIM))
@@ -135,14 +166,14 @@ class StoreContract:
     def test_read_metadata_and_is_store(self, output, tmp_path):
         self.write(output, _sentences(3, seed=2))
         container = store.container(self.fmt)
-        assert container.is_store(output)
+        assert container.owns(output)
         assert container.read_metadata(output)["n_sentences"] == 3
         assert store.read_metadata(output) == container.read_metadata(output)
         other = tmp_path / "other"
         other.mkdir()
         (tmp_path / "text.txt").write_text("not a store")
         for foreign in (other, tmp_path / "text.txt", tmp_path / "absent"):
-            assert not container.is_store(foreign)
+            assert not container.owns(foreign)
             assert container.read_metadata(foreign) is None
 
     def test_output_appears_only_when_finished(self, output):
@@ -245,7 +276,7 @@ class StoreContract:
         sentences = _sentences(7, seed=8)
         tokens = _tokens(sentences)
         self.write(output, sentences)
-        write_format_1(output)
+        self.write_format_1(output)
         with elmo_cache.open(output) as cache:
             assert cache.format_version == 1 and not cache.stores_tokens
             for i, expected in enumerate(sentences):
@@ -280,16 +311,6 @@ class StoreContract:
 
     # -- corruption ----------------------------------------------------------------------------------
 
-    def data_of(self, output: Path, name: str) -> tuple[Path, int]:
-        """The file holding the start of array ``name``'s data, and the byte offset there."""
-        if self.fmt == "zarr":
-            chunk = output / name / "c" / "0"
-            while chunk.is_dir():
-                chunk = chunk / "0"
-            return chunk, 0
-        with h5py.File(output, "r") as f:
-            return output, f[name].id.get_offset()
-
     @pytest.mark.parametrize("name", ARRAYS)
     def test_a_flipped_bit_in_any_array_is_found_by_verify(self, output, name):
         self.write(output, _sentences(8, seed=10))
@@ -300,25 +321,15 @@ class StoreContract:
         file.write_bytes(bytes(data))
         report = verify(output)
         assert not report.ok
-        where = f"{name}/c/0" if self.fmt == "zarr" else f"dataset {name!r}"
-        assert where in report.problems[0] and "CRC-32" in report.problems[0] and "bit flip" in report.problems[0]
+        assert (
+            self.where(name) in report.problems[0]
+            and "CRC-32" in report.problems[0]
+            and "bit flip" in report.problems[0]
+        )
 
     def test_a_truncated_file_is_found_by_open_and_verify(self, output):
         self.write(output, _sentences(8, seed=11))
-        if self.fmt == "zarr":
-            with elmo_cache.open(output) as cache:
-                last = cache._vectors.n_chunks - 1
-            file = output / "vectors" / "c" / str(last) / "0" / "0"
-            file.write_bytes(file.read_bytes()[:-8])
-            opened, verified = (
-                f"c/{last}/0/0: shard {last} of array 'vectors'",
-                f"vectors/c/{last}/0/0 (array 'vectors')",
-            )
-        else:
-            with h5py.File(output, "r") as f:
-                end = f["tokens/bytes"].id.get_offset() + 3
-            output.write_bytes(output.read_bytes()[:end])
-            opened = verified = str(output)
+        opened, verified = self.truncate_vectors(output)
         with pytest.raises(CacheFormatError, match="truncated|bytes") as info:
             elmo_cache.open(output)
         assert opened in str(info.value)
@@ -328,11 +339,7 @@ class StoreContract:
     @pytest.mark.parametrize("name", ["lengths", "tokens/bytes", "index/rows"])
     def test_a_missing_array_is_found_by_open_and_verify(self, output, name):
         self.write(output, _sentences(6, seed=12))
-        if self.fmt == "zarr":
-            shutil.rmtree(output / name)
-        else:
-            with h5py.File(output, "r+") as f:
-                del f[name]
+        self.delete_array(output, name)
         with pytest.raises(CacheFormatError, match=f"array {name!r} is missing"):
             elmo_cache.open(output)
         report = verify(output)
@@ -341,94 +348,31 @@ class StoreContract:
     def test_edited_metadata_is_found(self, output):
         self.write(output, _sentences(6, seed=13))
         # Disagreeing with the arrays: open refuses.
-        set_metadata(output, n_sentences=5)
+        self.set_metadata(output, n_sentences=5)
         with pytest.raises(CacheFormatError, match="metadata says n_sentences = 5 but array 'offsets' has 6"):
             elmo_cache.open(output)
         report = verify(output)
         assert not report.ok and "metadata was edited" in report.problems[0]
         # Agreeing with the arrays: open checks the metadata's CRC-32 too (a mix edited after the build
         # would describe the stored vectors wrongly), and so does verify.
-        set_metadata(output, n_sentences=6, mix={"weights": [1, 0, 0], "gamma": 1.0, "raw": None, "softmax": False})
+        self.set_metadata(
+            output, n_sentences=6, mix={"weights": [1, 0, 0], "gamma": 1.0, "raw": None, "softmax": False}
+        )
         with pytest.raises(CacheFormatError, match="the metadata fails its CRC-32"):
             elmo_cache.open(output)
         report = verify(output)
         assert not report.ok and "metadata: CRC-32" in report.problems[0] and "edited" in report.problems[0]
         # Not JSON at all.
-        set_metadata(output, raw="{not json")
+        self.set_metadata(output, raw="{not json")
         with pytest.raises(CacheFormatError, match="not valid JSON|cannot read the zarr metadata"):
             elmo_cache.open(output)
         assert not verify(output).ok
 
     def test_token_offsets_disagreeing_with_the_text_are_found_by_open(self, output):
         self.write(output, _sentences(6, seed=14))
-        replace_array(output, "tokens/offsets", np.zeros(3, np.int64))
+        self.replace_array(output, "tokens/offsets", np.zeros(3, np.int64))
         with pytest.raises(CacheFormatError, match=r"'tokens/offsets' has shape \(3,\), expected \(7,\)"):
             elmo_cache.open(output)
-        replace_array(output, "tokens/offsets", np.array([0, 1, 2, 3, 4, 5, 10**6], np.int64))
+        self.replace_array(output, "tokens/offsets", np.array([0, 1, 2, 3, 4, 5, 10**6], np.int64))
         with pytest.raises(CacheFormatError, match="'tokens/offsets' runs from 0 to 1000000 but 'tokens/bytes'"):
             elmo_cache.open(output)
-
-
-def set_metadata(path: Path, raw: str | None = None, **changes) -> None:
-    """Edit the metadata attribute in place (``raw``: replace it with that text)."""
-    if path.is_dir():
-        meta_file = path / "zarr.json"
-        if raw is not None:
-            meta_file.write_text(raw)
-            return
-        group = json.loads(meta_file.read_text())
-        group["attributes"][META_KEY].update(changes)
-        meta_file.write_text(json.dumps(group))
-    else:
-        with h5py.File(path, "r+") as f:
-            if raw is None:
-                meta = json.loads(f.attrs[META_KEY])
-                meta.update(changes)
-                raw = json.dumps(meta)
-            f.attrs[META_KEY] = raw
-
-
-def replace_array(path: Path, name: str, data: np.ndarray) -> None:
-    if path.is_dir():
-        import zarr
-
-        shutil.rmtree(path / name)
-        group = zarr.open_group(str(path), mode="r+")
-        group.create_array(name, shape=data.shape, chunks=(max(1, len(data)),), dtype=data.dtype, compressors=None)[
-            ...
-        ] = data
-    else:
-        with h5py.File(path, "r+") as f:
-            del f[name]
-            f.create_dataset(name, data=data)
-
-
-def write_format_1(path: Path) -> None:
-    """Turn a cache into the format-1 layout: no token arrays, no checksums, format_version 1."""
-    if path.is_dir():
-        for name in TOKEN_ARRAYS:
-            shutil.rmtree(path / name)
-        (path / "tokens" / "zarr.json").unlink(missing_ok=True)
-        (path / "tokens").rmdir()
-        (path / "checksums.json").unlink()
-        meta_file = path / "zarr.json"
-        group = json.loads(meta_file.read_text())
-        meta = group["attributes"][META_KEY]
-        meta.pop("checksums")
-        meta["format_version"] = 1
-        meta_file.write_text(json.dumps(group))
-    else:
-        with h5py.File(path, "r+") as f:
-            del f["tokens"]
-            meta = json.loads(f.attrs[META_KEY])
-            meta.pop("checksums")
-            meta["format_version"] = 1
-            f.attrs[META_KEY] = json.dumps(meta)
-
-
-class TestZarrStore(StoreContract):
-    fmt = "zarr"
-
-
-class TestHdf5Store(StoreContract):
-    fmt = "hdf5"

@@ -1,0 +1,138 @@
+"""The container seam: what a store format must provide, and the one registry of formats.
+
+A container is one way of laying docs/FORMAT.md's arrays on disk (a zarr v3 directory, an HDF5
+file). Everything that differs between formats lives behind :class:`Container`: its suffixes
+and detection, its option checks, its readers, its writer (and whether several workers may
+write one output at once), and its own structure and checksum checks for ``verify``. The
+build, the reader, ``verify`` and the server ask the registry; none of them branches on a
+format's name.
+
+Adding a format: one module with a class implementing :class:`Container`, one line in
+:func:`_builtin` (or :func:`register_container` from outside), and one subclass of the store
+contract tests (``tests/test_store_contract.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from elmo_cache.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from elmo_cache.store._staging import Writer
+
+__all__ = [
+    "Container",
+    "register_container",
+    "get_container",
+    "container_names",
+    "containers",
+    "container_for_suffix",
+]
+
+
+@runtime_checkable
+class Container(Protocol):
+    """One on-disk layout of the cache format."""
+
+    # The name users pass as --format and caches record as "container".
+    name: str
+    # What a store of this container is, in a message ("a zarr v3 directory").
+    description: str
+    # Output suffixes that ask for this container; the first is the default one.
+    suffixes: tuple[str, ...]
+    # Whether the cache is a directory (else one file): ``verify`` reads a damaged cache by this.
+    is_directory: bool
+    # Whether several workers may write the files of one output at once (the ray engine needs it).
+    parallel_writers: bool
+    # Whether the vectors are chunked (chunk_rows, shard_rows and compression apply).
+    chunked: bool
+
+    def writer(self) -> type[Writer]:
+        """The class that creates, resumes and finishes a cache of this container."""
+        ...
+
+    def owns(self, path: Path) -> bool:
+        """Whether ``path`` is a finished store of this container (cheap: no array is read)."""
+        ...
+
+    def explain(self, path: Path) -> str | None:
+        """Why ``path``, which no container owns, looks like this container but is not a cache; else None."""
+        ...
+
+    def check_options(self, *, compression: str | None, chunk_rows: int | None, shard_rows: int | None) -> None:
+        """Raise :class:`InvalidParameterError` naming the option this container cannot honour."""
+        ...
+
+    def open_arrays(self, path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+        """``(raw metadata attribute, arrays)``, memory-mapped where possible (the reader's view)."""
+        ...
+
+    def open_with_library(self, path: Path) -> tuple[Any, dict[str, Any], Callable[[], None]]:
+        """``(raw metadata, arrays, close)`` read by the container's own library (``verify``'s view)."""
+        ...
+
+    def read_metadata(self, path: Path) -> dict[str, Any] | None:
+        """The elmo-cache metadata stored at ``path``, or None when it is not one of ours."""
+        ...
+
+    def checksum_problems(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any]) -> tuple[list[str], str]:
+        """Every file or dataset whose CRC-32 differs from the recorded one, and the word for the unit checked."""
+        ...
+
+    def structure_problems(self, meta: dict[str, Any], arrays: dict[str, Any]) -> list[str]:
+        """What breaks this container's own layout rules (chunking, contiguity) in opened arrays."""
+        ...
+
+
+_REGISTRY: dict[str, Container] = {}
+
+
+def _builtin() -> dict[str, Container]:
+    if not _REGISTRY:
+        from elmo_cache.store._hdf5_container import Hdf5Container
+        from elmo_cache.store._zarr_container import ZarrContainer
+
+        for container in (ZarrContainer(), Hdf5Container()):  # the first is the default format
+            _REGISTRY[container.name] = container
+    return _REGISTRY
+
+
+def register_container(container: Container) -> None:
+    """Add a container to the registry (after the built-in ones)."""
+    if not isinstance(container, Container):
+        raise TypeError(f"{container!r} does not implement the Container protocol")
+    registry = _builtin()
+    if container.name in registry:
+        raise InvalidParameterError(f"a container named {container.name!r} is already registered")
+    taken = {suffix for known in registry.values() for suffix in known.suffixes} & set(container.suffixes)
+    if taken:
+        raise InvalidParameterError(f"suffixes {sorted(taken)} already belong to another container")
+    registry[container.name] = container
+
+
+def containers() -> tuple[Container, ...]:
+    """Every registered container, the default first."""
+    return tuple(_builtin().values())
+
+
+def container_names() -> tuple[str, ...]:
+    """The valid ``--format`` values, the default first."""
+    return tuple(_builtin())
+
+
+def get_container(name: str) -> Container:
+    """The container called ``name``; the error lists the valid ones."""
+    try:
+        return _builtin()[name]
+    except KeyError:
+        raise InvalidParameterError(f"format: {name!r} is not valid; choose from {list(container_names())}") from None
+
+
+def container_for_suffix(path: str | os.PathLike[str]) -> Container | None:
+    """The container a path's suffix asks for (``.zarr``, ``.h5``...), or None."""
+    suffix = Path(path).suffix.lower()
+    return next((c for c in containers() if suffix in c.suffixes), None)
