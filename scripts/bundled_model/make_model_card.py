@@ -33,6 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baselines", required=True, type=Path)
     ap.add_argument("--command", required=True, help="the training command, as run")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument(
+        "--split-note",
+        default=None,
+        help="how the held-out text was chosen, when not by build_corpus.py's current rule (replaces that sentence)",
+    )
+    ap.add_argument(
+        "--history",
+        action="append",
+        default=[],
+        help="an earlier stage of the training (e.g. the run --init-from started from); repeatable, in order",
+    )
     args = ap.parse_args(argv)
 
     manifest = json.loads((args.corpus / "manifest.json").read_text())
@@ -80,9 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         "## Data",
         "",
         "Debian packages (downloaded with `apt-get download`, text extracted by "
-        "`scripts/bundled_model/build_corpus.py`); no GPL text. Whole documents (a chapter, a page, a block "
-        "of entries) go to the held-out split in an order set by a hash of their id, until they hold 1% of "
-        "their source's tokens, so every source has held-out text. " + _dropped_note(manifest),
+        "`scripts/bundled_model/build_corpus.py`); no GPL text. "
+        + (
+            args.split_note
+            or "Whole documents (a chapter, a page, a block of entries) go to the held-out split in an order set "
+            "by a hash of their id, until they hold 1% of their source's tokens, so every source has held-out "
+            "text. "
+            + _dropped_note(manifest)
+        ),
         "",
         "| source | package (version) | licence | train tokens | held-out tokens |",
         "|---|---|---|---|---|",
@@ -130,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{fixed['num_sampled']} log-uniform negatives, dropout {fixed['dropout']}, Adagrad lr "
         f"{fixed['learning_rate']} (initial accumulator {fixed['initial_accumulator']}), gradient-norm clip "
         f"{fixed['clip_norm']}, seed {fixed['seed']}.",
+        *(f"- Before this run: {stage}" for stage in args.history),
         _reset_note(fixed.get("reset_share")),
-        f"- {checkpoint['step']:,} steps, {checkpoint['tokens']:,} tokens per direction "
+        f"- {'This run: ' if args.history else ''}{checkpoint['step']:,} steps, "
+        f"{checkpoint['tokens']:,} tokens per direction "
         f"({epochs:.2f} epochs), {hours:.1f} hours on {_machine(checkpoint.get('machine'))}.",
         "",
         "Rebuild everything (corpus, baselines, model, this card): `scripts/bundled_model/rebuild.sh`.",
