@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from elmo_cache._verify_sample import check_sample, choose, sampled_tokens, tolerance
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.model.identity import model_differences
-from elmo_cache.selection import Selection
 from elmo_cache.store import open_with_library
 from elmo_cache.store.container import get_container
 from elmo_cache.store.format import (
@@ -65,25 +64,6 @@ class VerifyReport:
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         lines += [f"  ({n})" for n in self.notes]
         return "\n".join(lines)
-
-
-def tolerance(dtype: str, precision: str) -> tuple[float, float]:
-    """``(atol, rtol)`` between stored vectors and a fresh fp32 encoding.
-
-    fp32 storage of an fp32 encoder: 1e-5 absolute (batches of other sizes change the last
-    bits). float16 storage adds its rounding: one unit in the last place is 2**-10 relative.
-    A reduced-precision encoder (bf16/fp16 arithmetic) differs from batch to batch by its own
-    rounding, which is far larger: 5e-2.
-    """
-    if precision != "fp32":
-        return 5e-2, 5e-2
-    return (1e-5, 2.0**-10) if dtype == "float16" else (1e-5, 0.0)
-
-
-def _expected(reference: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
-    """What the cache should hold for a fresh ``(3, n, D)`` float32 encoding, token-major, before the cast."""
-    selected = Selection.from_metadata(meta).apply_array(reference)
-    return selected if meta["kind"] == "mix" else selected.transpose(1, 0, 2)
 
 
 def verify(
@@ -157,7 +137,7 @@ def verify(
                 None if stored is None else stored[0],
             )
         elif stored is not None:
-            tokens = _sampled_tokens(stored[1], np.asarray(arrays["lengths"][:]), sample, seed)
+            tokens = sampled_tokens(stored[1], np.asarray(arrays["lengths"][:]), sample, seed)
         else:
             report.notes.append("no corpus: the sentence index was not checked; pass --corpus")
             if sample:
@@ -165,7 +145,7 @@ def verify(
                     "sample: re-encoding needs the sentence text; this format-1 cache stores none: pass --corpus"
                 )
         if sample and tokens and not report.problems:
-            _check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device)
+            check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device)
         return report
     finally:
         close()
@@ -283,22 +263,6 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         report.checks.append("index sorted, rows in range")
 
 
-def _sampled_tokens(texts: list[bytes], lengths: np.ndarray, sample: int, seed: int) -> dict[int, list[str]]:
-    """The tokens of ``sample`` random non-empty sentences, from the stored text."""
-    chosen = _choose(lengths, sample, seed)
-    return {i: texts[i].decode(*TEXT_ENCODING).split(" ") for i in sorted(chosen)}
-
-
-def _choose(lengths: np.ndarray, sample: int, seed: int) -> set[int]:
-    if not sample:
-        return set()
-    candidates = np.flatnonzero(lengths > 0)
-    if not len(candidates):
-        return set()
-    rng = np.random.default_rng(seed)
-    return set(rng.choice(candidates, size=min(sample, len(candidates)), replace=False).tolist())
-
-
 def _check_tokens(
     meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport
 ) -> tuple[np.ndarray, list[bytes]] | None:
@@ -401,7 +365,7 @@ def _check_corpus(
 ) -> dict[int, list[str]]:
     lengths = np.asarray(arrays["lengths"][:])
     n = len(lengths)
-    chosen = _choose(lengths, sample, seed)
+    chosen = choose(lengths, sample, seed)
     tokens: dict[int, list[str]] = {}
     line_hashes = np.empty(n, dtype=np.uint64)
     count = 0
@@ -433,73 +397,3 @@ def _check_corpus(
     if not _check_index(line_hashes, meta, arrays, report, source.name):
         return {}
     return tokens
-
-
-def _load_model(
-    meta: dict[str, Any], model: str | None, options_file: Any, weight_file: Any, device: str | None
-) -> Encoder:
-    """The model asked for, else the one the cache records (found locally, else loaded by its recorded name)."""
-    from elmo_cache.encoder import Encoder
-    from elmo_cache.model import sources
-
-    identity = meta.get("model") or {}
-    kwargs = {
-        "device": device,
-        "precision": identity.get("precision", "fp32"),
-        "initial_state": identity.get("initial_state", "zero"),
-    }
-    if options_file is not None or weight_file is not None or model is not None:
-        return Encoder.load(model, options_file=options_file, weight_file=weight_file, **kwargs)
-    files, _ = sources.locate(identity)
-    if files is not None:
-        return Encoder.load(files, **kwargs)
-    name = identity.get("name")
-    if not name:
-        raise InvalidParameterError("the cache does not name its model; pass --model or --options-file/--weight-file")
-    try:
-        return Encoder.load(name, **kwargs)
-    except Exception as exc:
-        raise InvalidParameterError(
-            f"cannot load the model {name!r} the cache names ({exc}); pass --model or --options-file/--weight-file"
-        ) from None
-
-
-def _check_sample(
-    meta: dict[str, Any],
-    arrays: dict[str, Any],
-    tokens: dict[int, list[str]],
-    report: VerifyReport,
-    encoder: Encoder | None,
-    model: str | None,
-    options_file: Any,
-    weight_file: Any,
-    device: str | None,
-) -> None:
-    if encoder is None:
-        encoder = _load_model(meta, model, options_file, weight_file, device)
-    stored_model = meta.get("model") or {}
-    differences = model_differences(stored_model, encoder.identity)
-    if differences:
-        report.problems.append(f"the model given differs from the one that built the cache ({differences[0]})")
-        return
-    lines = sorted(tokens)
-    references = encoder.embed_batch([tokens[i] for i in lines])
-    atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))
-    offsets = arrays["offsets"]
-    lengths = arrays["lengths"]
-    worst = 0.0
-    for i, reference in zip(lines, references):
-        start, length = int(offsets[i]), int(lengths[i])
-        stored = np.asarray(arrays["vectors"][start : start + length]).astype(np.float32)
-        expected = _expected(reference, meta)
-        error = np.abs(stored - expected)
-        worst = max(worst, float(error.max()))
-        if (error > atol + rtol * np.abs(expected)).any():
-            report.problems.append(
-                f"sentence {i}: stored vectors differ from a fresh encoding by up to {float(error.max()):.3g} "
-                f"(tolerance {atol:g} + {rtol:g} x |value|)"
-            )
-            return
-    report.sampled = len(lines)
-    report.max_abs_error = worst
-    report.checks.append(f"{len(lines)} sampled sentences match a fresh encoding (max abs error {worst:.3g})")
