@@ -75,3 +75,40 @@ def test_seen_held_out_sentences_are_dropped_and_counted(tmp_path, monkeypatch):
     assert len(train) == manifest["totals"]["train"]["sentences"]
     assert len(heldout) == manifest["totals"]["heldout"]["sentences"]
     assert (out / "DONE").exists()
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_unseen_heldout_drops_sentences_seen_in_training_per_source(tmp_path):
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("The cat sat .\nA dog ran\n", encoding="utf-8")
+    # Source a: one seen (other case and punctuation), one new; source b: one new, one seen.
+    heldout = ["the CAT sat\n", "a bird sang .\n", "fish swim here\n", "A dog ran !\n"]
+    (corpus / "heldout.txt").write_text("".join(heldout), encoding="utf-8")
+    sources = [
+        {"source": name, "heldout": {"documents": 1, "sentences": 2, "tokens": 6}, "train": {"tokens": 3}}
+        for name in ("a", "b")
+    ]
+    manifest = {"sources": sources, "totals": {"heldout": {"documents": 2, "sentences": 4, "tokens": 13}}}
+    (corpus / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+    written = _load_script("unseen_heldout").drop_seen(corpus, out)
+
+    assert (out / "heldout.txt").read_text(encoding="utf-8") == "a bird sang .\nfish swim here\n"
+    assert (out / "train.txt").read_text(encoding="utf-8") == (corpus / "train.txt").read_text(encoding="utf-8")
+    a, b = written["sources"]
+    assert a["heldout"] == {"documents": 1, "sentences": 1, "tokens": 4}
+    assert a["heldout_dropped_as_seen"] == {"sentences": 1, "tokens": 3}
+    assert b["heldout"]["sentences"] == 1 and b["heldout_dropped_as_seen"]["tokens"] == 4
+    assert written["totals"]["heldout_dropped_as_seen"] == {"sentences": 2, "tokens": 7}
+    assert json.loads((out / "manifest.json").read_text(encoding="utf-8")) == written
+    with pytest.raises(SystemExit, match="has 4 lines but its manifest counts 3"):
+        sources[0]["heldout"]["sentences"] = 1
+        (corpus / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        _load_script("unseen_heldout").drop_seen(corpus, tmp_path / "again")
