@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "--word-cache-size",
         type=int,
         default=None,
-        help="passed to Encoder.from_files (0: no per-word char-CNN cache; default: the encoder's)",
+        help="passed to Encoder.load (0: no per-word char-CNN cache; default: the encoder's)",
     )
     parser.add_argument(
         "--reference",
