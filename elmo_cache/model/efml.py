@@ -335,8 +335,10 @@ def _token_embedder(
     reader: _StateDict, options: ModelOptions, word_dim: int, n_words: int, n_chars: int
 ) -> ElmoWeights:
     c, p, nf = options.char_embedding_dim, options.projection_dim, options.n_filters
-    word_embed = reader.take("word_emb_layer.embedding.weight", (n_words, word_dim), "word.dic") if word_dim else None
-    char_embed = reader.take("char_emb_layer.embedding.weight", (n_chars, c), "char.dic")
+    word_why = f"word.dic ({n_words} entries) with word_dim of {reader.source}"
+    word_embed = reader.take("word_emb_layer.embedding.weight", (n_words, word_dim), word_why) if word_dim else None
+    char_why = f"char.dic ({n_chars} entries) with char_dim of {reader.source}"
+    char_embed = reader.take("char_emb_layer.embedding.weight", (n_chars, c), char_why)
     convolutions = [
         (reader.take(f"convolutions.{i}.weight", (num, c, width)), reader.take(f"convolutions.{i}.bias", (num,)))
         for i, (width, num) in enumerate(options.filters)
