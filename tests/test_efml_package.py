@@ -31,7 +31,7 @@ SENTENCES = [
     ["zebra", "Ünïcode", "😀", "cat"],  # unknown words; unknown and astral characters
     ["supercalifragilisticexpialidocious", "supercalifragilisticexpialidociousness", "x" * 40],  # over the limit
     ["<bos>", "the", "<eos>"],  # the package's own boundary words, as input
-    ["", "a b", "the"],  # an empty token, a token with a space
+    ["", "a b", "中\u3000文", "the"],  # an empty token, a token with a space, one with U+3000 (in char.dic)
     ["."],
 ]
 
