@@ -36,12 +36,11 @@ from elmo_cache.hardware import (
     default_fuse_cell,
     resolve_device,
 )
-from elmo_cache.model import hub, sources
+from elmo_cache.model import formats, hub, sources
 from elmo_cache.model.bilm import BiLM, PackedBatch
-from elmo_cache.model.chars import word_char_ids
+from elmo_cache.model.chars import ByteTokenIds, TokenIds
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.sources import ModelSpec
-from elmo_cache.model.weights import load_weights
 
 __all__ = [
     "Encoder",
@@ -93,6 +92,9 @@ class Encoder:
         directory: Path | None = None,
         word_cache_size: int = DEFAULT_WORD_CACHE_SIZE,
         fuse_cell: bool | None = None,
+        tokens: TokenIds | None = None,
+        options_dict: dict[str, Any] | None = None,
+        weights_sha256: str | None = None,
     ):
         if initial_state not in INITIAL_STATES:
             raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
@@ -105,6 +107,11 @@ class Encoder:
         self.weight_file = weight_file
         # The local directory the model was named by, recorded in the identity so `serve` finds it again.
         self.directory = directory
+        # How tokens become ids (bilm-tf: UTF-8 bytes), the options as the identity records them, and
+        # the weights SHA-256 where loading computed it (else hashed from weight_file): see model.formats.
+        self.tokens: TokenIds = tokens or ByteTokenIds(options.max_characters_per_token)
+        self._options_dict = options_dict
+        self._weights_sha256 = weights_sha256
         self.output_dim = options.output_dim
         bilm.fused = default_fuse_cell(options, device) if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
@@ -137,7 +144,8 @@ class Encoder:
 
         ``model``: None or "bundled" for the model shipped with the package (no network); a
         published one ("original", "medium", "small", "original-5.5b", downloaded once into the
-        model cache); a local directory with one options JSON and one weights HDF5; an
+        model cache); a local directory with one options JSON and one weights HDF5, or an
+        ELMoForManyLangs model directory (:mod:`elmo_cache.model.efml`); an
         ``(options_file, weight_file)`` pair; or :class:`~elmo_cache.model.sources.ModelFiles`
         already resolved. ``options_file`` + ``weight_file`` (both or neither) win over ``model``.
         Every source is in :mod:`elmo_cache.model.sources`.
@@ -154,13 +162,11 @@ class Encoder:
         files = sources.resolve(model, options_file, weight_file)
         resolved = resolve_device(device)
         dtype = check_precision(precision, resolved)
-        options = ModelOptions.from_file(files.options_file)
-        weights = load_weights(files.weight_file, options, options_source=str(files.options_file))
-        bilm = BiLM(options, weights, compute_dtype=dtype)
-        del weights
+        loaded = formats.load(files)
+        bilm = BiLM(loaded.options, loaded.weights, compute_dtype=dtype)
         bilm.to_device(resolved)
         return cls(
-            options,
+            loaded.options,
             bilm,
             device=resolved,
             precision=precision,
@@ -170,6 +176,9 @@ class Encoder:
             directory=files.directory,
             word_cache_size=word_cache_size,
             fuse_cell=fuse_cell,
+            tokens=loaded.tokens,
+            options_dict=loaded.options_dict,
+            weights_sha256=loaded.weights_sha256,
         )
 
     @classmethod
@@ -187,7 +196,9 @@ class Encoder:
     # ----------------------------------------------------------------- identity
     @cached_property
     def weights_sha256(self) -> str | None:
-        """SHA-256 of the weight file (computed once, on first use)."""
+        """SHA-256 of the weights (of the weight file, computed once, on first use)."""
+        if self._weights_sha256 is not None:
+            return self._weights_sha256
         return None if self.weight_file is None else hub.file_sha256(self.weight_file)
 
     @property
@@ -195,7 +206,7 @@ class Encoder:
         """What determines this encoder's vectors, JSON-serialisable (stored in cache metadata)."""
         identity: dict[str, Any] = {
             "name": self.name,
-            "options": self.options.to_dict(),
+            "options": self.options.to_dict() if self._options_dict is None else self._options_dict,
             "weights_sha256": self.weights_sha256,
             "initial_state": self.initial_state,
             "precision": self.precision,
@@ -324,9 +335,11 @@ class Encoder:
         missing = [w for w in words if w not in slots]
         new_vectors = None
         if missing:
-            max_chars = self.options.max_characters_per_token
-            ids = torch.from_numpy(np.stack([word_char_ids(w, max_chars) for w in missing])).to(self.device)
-            new_vectors = self.bilm.token_embeddings(ids)
+            ids = torch.from_numpy(self.tokens.char_ids(missing)).to(self.device)
+            word_ids = self.tokens.word_ids(missing)
+            new_vectors = self.bilm.token_embeddings(
+                ids, None if word_ids is None else torch.from_numpy(word_ids).to(self.device)
+            )
             room = self._word_cache_size - len(slots)
             if room > 0:
                 keep = missing[:room]
@@ -374,8 +387,9 @@ class Encoder:
         if batch == 0 or (offsets[-1] == 0 and self.initial_state != "carry"):
             return torch.zeros(self.n_layers, int(offsets[-1]), self.output_dim, device=self.device), offsets
 
-        # Token embeddings of "<S> tokens </S>" for every sentence, input order.
-        distinct: dict[str, int] = {"<S>": 0, "</S>": 1}
+        # Token embeddings of "<S> tokens </S>" (the format's boundary tokens) for every sentence, input order.
+        bos, eos = self.tokens.boundaries
+        distinct: dict[str, int] = {bos: 0, eos: 1}
         token_ids = np.empty(int(offsets[-1]) + 2 * batch, dtype=np.int64)
         position = 0
         for sentence in sentences:

@@ -66,6 +66,9 @@ class BiLM:
         self.highways = [(wc.to(cd), bc, wt.to(cd), bt) for wc, bc, wt, bt in weights.highways]
         self.proj_weight = weights.proj_weight.to(cd)
         self.proj_bias = weights.proj_bias
+        # A word embedding added to the projection (ELMoForManyLangs models), else None.
+        self.word_embed = weights.word_embed
+        self.word_proj = None if weights.word_proj is None else weights.word_proj.to(cd)
         self.lstm = [
             (layer.w_input.to(cd), layer.w_hidden.to(cd), layer.bias, layer.w_proj.to(cd)) for layer in weights.lstm
         ]
@@ -93,13 +96,19 @@ class BiLM:
         ]
         self.proj_weight = self.proj_weight.to(device)
         self.proj_bias = self.proj_bias.to(device)
+        if self.word_embed is not None and self.word_proj is not None:
+            self.word_embed = self.word_embed.to(device)
+            self.word_proj = self.word_proj.to(device)
         self.lstm = [(wi.to(device), wh.to(device), b.to(device), wp.to(device)) for wi, wh, b, wp in self.lstm]
         return self
 
     # ---------------------------------------------------------------- char-CNN
     @torch.inference_mode()
-    def token_embeddings(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(n_words, max_chars) +1-shifted char ids -> (n_words, projection_dim) float32."""
+    def token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(n_words, max_chars) char ids (bilm-tf: +1-shifted) -> (n_words, projection_dim) float32.
+
+        ``word_ids`` (n_words,): rows of the word embedding, for models that have one (its
+        projection is added to the char-CNN's: the projection of the two concatenated)."""
         cd = self.compute_dtype
         embedded = F.embedding(char_ids, self.char_embed).transpose(1, 2).to(cd)  # (n, C, max_chars)
         pooled = []
@@ -115,7 +124,13 @@ class BiLM:
             gate = torch.sigmoid((xc @ w_carry).float() + b_carry)
             transformed = torch.relu((xc @ w_transform).float() + b_transform)
             x = torch.lerp(x, transformed, gate)  # gate * transformed + (1 - gate) * x
-        return (x.to(cd) @ self.proj_weight).float() + self.proj_bias
+        projected = (x.to(cd) @ self.proj_weight).float() + self.proj_bias
+        if self.word_embed is not None and self.word_proj is not None:
+            if word_ids is None:
+                raise ValueError("this model has a word embedding: token_embeddings needs word_ids")
+            words = F.embedding(word_ids, self.word_embed).to(cd)
+            projected = projected + (words @ self.word_proj).float()
+        return projected
 
     # ------------------------------------------------------------------ biLSTM
     @torch.inference_mode()

@@ -10,10 +10,21 @@ which the loader maps to an all-zero embedding row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["BOS_CHAR", "EOS_CHAR", "BOW_CHAR", "EOW_CHAR", "PAD_CHAR", "word_char_ids", "sentence_char_ids"]
+__all__ = [
+    "BOS_CHAR",
+    "EOS_CHAR",
+    "BOW_CHAR",
+    "EOW_CHAR",
+    "PAD_CHAR",
+    "word_char_ids",
+    "sentence_char_ids",
+    "TokenIds",
+    "ByteTokenIds",
+]
 
 BOS_CHAR = 256
 EOS_CHAR = 257
@@ -56,3 +67,33 @@ def sentence_char_ids(tokens: Sequence[str], max_chars: int = 50) -> np.ndarray:
     rows.extend(word_char_ids(t, max_chars) for t in tokens)
     rows.append(word_char_ids(EOS_TOKEN, max_chars))
     return np.stack(rows)
+
+
+class TokenIds(Protocol):
+    """How a model format turns tokens into the ids its token embedder reads."""
+
+    # The sentence-boundary tokens the biLM reads before and after every sentence.
+    boundaries: tuple[str, str]
+
+    def char_ids(self, words: Sequence[str]) -> np.ndarray:
+        """``(len(words), max_chars)`` int64 rows of the character embedding."""
+        ...
+
+    def word_ids(self, words: Sequence[str]) -> np.ndarray | None:
+        """``(len(words),)`` int64 rows of the word embedding, or None for models without one."""
+        ...
+
+
+class ByteTokenIds:
+    """The bilm-tf models' ids: UTF-8 bytes (:func:`word_char_ids`), no word embedding."""
+
+    boundaries = (BOS_TOKEN, EOS_TOKEN)
+
+    def __init__(self, max_chars: int = 50):
+        self.max_chars = max_chars
+
+    def char_ids(self, words: Sequence[str]) -> np.ndarray:
+        return np.stack([word_char_ids(w, self.max_chars) for w in words])
+
+    def word_ids(self, words: Sequence[str]) -> np.ndarray | None:
+        return None

@@ -44,10 +44,14 @@ class ModelFiles:
     options_file: Path
     # The weights HDF5 (bilm-tf layout).
     weight_file: Path
-    # The source that produced it (its ``origin``): "bundled", "published", "directory" or "files".
+    # The source that produced it (its ``origin``): "bundled", "published", "directory", "files" or
+    # "elmoformanylangs".
     origin: str
     # For origin "directory": the folder the model was named by, recorded so that `serve` finds it again.
     directory: Path | None = None
+    # The files' layout (elmo_cache.model.formats): "bilm-tf", or "elmoformanylangs" (a HIT-SCIR model
+    # directory: options_file is its config.json, weight_file its encoder.pkl, the others beside them).
+    format: str = "bilm-tf"
 
 
 ModelSpec = str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | ModelFiles | None
@@ -239,7 +243,43 @@ class DirectorySource:
         return "a directory"
 
 
-_SOURCES: list[ModelSource] = [FilesSource(), BundledSource(), PublishedSource(), DirectorySource()]
+class EfmlSource:
+    """A local ELMoForManyLangs (HIT-SCIR) model directory: ``config.json``, the model config it names,
+    ``char.dic``, ``word.dic``, ``token_embedder.pkl``, ``encoder.pkl`` (:mod:`elmo_cache.model.efml`)."""
+
+    origin = "elmoformanylangs"
+
+    def _files(self, path: Path) -> ModelFiles:
+        # The source's origin is also the format's name (elmo_cache.model.formats.EFML).
+        return ModelFiles(
+            path.name, path / "config.json", path / "encoder.pkl", self.origin, directory=path, format=self.origin
+        )
+
+    def claims(self, request: ModelRequest) -> bool:
+        from elmo_cache.model import efml
+
+        return request.model is not None and efml.is_model_dir(Path(request.model).expanduser())
+
+    def resolve(self, request: ModelRequest) -> ModelFiles:
+        assert request.model is not None
+        return self._files(Path(request.model).expanduser().resolve())
+
+    def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
+        from elmo_cache.model import efml
+
+        directory, options = recorded.get("directory"), recorded.get("options")
+        if not isinstance(directory, str) or not isinstance(options, dict) or options.get("format") != efml.FORMAT:
+            return None, ""
+        path = Path(directory)
+        if not efml.is_model_dir(path):
+            return None, f"its directory {directory} no longer holds an ELMoForManyLangs model"
+        return self._files(path), f"its directory {directory} now holds another ELMoForManyLangs model"
+
+    def describe(self) -> str:
+        return "an ELMoForManyLangs model directory"
+
+
+_SOURCES: list[ModelSource] = [FilesSource(), BundledSource(), PublishedSource(), EfmlSource(), DirectorySource()]
 
 
 def register_source(source: ModelSource, *, before: str | None = None) -> None:
@@ -279,14 +319,13 @@ def resolve(
 
 
 def _matches(candidate: ModelFiles, recorded: Mapping[str, Any]) -> bool:
-    from elmo_cache.model.options import ModelOptions
+    from elmo_cache.model import formats
 
-    if hub.file_sha256(candidate.weight_file) != recorded.get("weights_sha256"):
-        return False
     try:
-        return ModelOptions.from_file(candidate.options_file).to_dict() == recorded.get("options")
+        sha, options = formats.fingerprint(candidate)
     except (ModelNotFoundError, ValueError):
         return False
+    return sha == recorded.get("weights_sha256") and options == recorded.get("options")
 
 
 def locate(recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:

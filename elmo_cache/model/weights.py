@@ -77,6 +77,10 @@ class ElmoWeights:
     proj_bias: torch.Tensor
     # One entry per LSTM layer.
     lstm: list[LstmWeights]
+    # Models with a word embedding beside the characters (ELMoForManyLangs): (n_words, W), and the
+    # projection's word columns (W, P), added to the char-CNN's projection. None for bilm-tf models.
+    word_embed: torch.Tensor | None = None
+    word_proj: torch.Tensor | None = None
 
 
 def lstm_prefix(direction: int, layer: int) -> str:
