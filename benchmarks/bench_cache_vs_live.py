@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_cache_vs_live_"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.random_size:
-        encoder = Encoder.from_files(*write_random_model(workdir / "model", args.random_size), device="cpu")
+        encoder = Encoder.load(write_random_model(workdir / "model", args.random_size), device="cpu")
     else:
         encoder = Encoder.load(args.model, device="cpu")
     print(f"model    {encoder!r}")

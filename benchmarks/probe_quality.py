@@ -49,7 +49,7 @@ from _machine import describe_machine
 from _wordnet import Example, WordNetMissingError, check_wordnet_dir, collect_examples, split_of
 
 from elmo_cache import Encoder
-from elmo_cache.model import hub
+from elmo_cache.model import sources
 from elmo_cache.model.random_model import write_random_model
 
 LAYERS = (0, 1, 2)
@@ -237,7 +237,7 @@ def run_perplexity(model: str | None, heldout: Path, max_lines: int | None) -> d
     """Perplexities per mode, or why they were skipped."""
     from elmo_cache.train.evaluate import perplexity
 
-    files = hub.resolve(model)
+    files = sources.resolve(model)
     directory = files.directory or files.options_file.parent
     if not (directory / "softmax.hdf5").is_file() or not (directory / "vocab.txt").is_file():
         return f"skipped: {directory} has no softmax.hdf5 + vocab.txt (not a model trained by elmo-cache train)"
@@ -351,7 +351,8 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.no_random:
             folder = Path(tempfile.mkdtemp(prefix="probe_random_"))
             options, weights = write_random_model(folder, encoders["model"].options, seed=args.seed)
-            encoders["random"] = Encoder.from_files(options, weights, device="cpu", name="random")
+            random_files = sources.ModelFiles("random", options, weights, "files")
+            encoders["random"] = Encoder.load(random_files, device="cpu")
         wsd = select_wsd(examples, args.test_share, args.seed, args.max_examples) if "wsd" in probes else None
         pos = select_pos(examples, args.seed, args.max_examples) if "pos" in probes else None
         rows = (wsd[0] + wsd[1] if wsd else []) + (pos[0] if pos else [])

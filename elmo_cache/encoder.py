@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from elmo_cache._word_cache import WordVectorCache
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.hardware import (
     ALLOW_SLOW_BF16_ENV,
@@ -115,9 +116,7 @@ class Encoder:
         self.output_dim = options.output_dim
         bilm.fused = default_fuse_cell(options, device) if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
-        self._word_cache_size = word_cache_size
-        self._word_slots: dict[str, int] = {}
-        self._word_table = torch.empty(0, options.projection_dim, device=device)
+        self._words = WordVectorCache(word_cache_size, options.projection_dim, device, self._token_vectors)
         n_lstm, p, d = options.n_layers, options.projection_dim, options.lstm_dim
         self._h0 = torch.zeros(n_lstm, 2, 1, p, device=device)
         self._c0 = torch.zeros(n_lstm, 2, 1, d, device=device)
@@ -183,15 +182,29 @@ class Encoder:
 
     @classmethod
     def from_files(
-        cls, options_file: str | os.PathLike[str], weight_file: str | os.PathLike[str], **kwargs: Any
+        cls,
+        options_file: str | os.PathLike[str],
+        weight_file: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
     ) -> Encoder:
-        """Deprecated: ``Encoder.load((options_file, weight_file), **kwargs)``."""
+        """Deprecated: ``Encoder.load((options_file, weight_file), **kwargs)`` (``name``/``directory``:
+        ``Encoder.load(ModelFiles(...))``)."""
         warnings.warn(
             "Encoder.from_files is deprecated and will be removed: use Encoder.load((options_file, weight_file))",
             DeprecationWarning,
             stacklevel=2,
         )
-        return cls.load((options_file, weight_file), **kwargs)
+        files = sources.ModelFiles(
+            name or Path(weight_file).stem,
+            Path(options_file),
+            Path(weight_file),
+            "files",
+            directory=None if directory is None else Path(directory),
+        )
+        return cls.load(files, **kwargs)
 
     # ----------------------------------------------------------------- identity
     @cached_property
@@ -297,8 +310,7 @@ class Encoder:
         """Forget the cached char-CNN vectors. A word's cached vector carries the float
         rounding of the batch it was first computed in (~1e-7); clearing at fixed points
         makes results a function of the input since that point alone."""
-        self._word_slots = {}
-        self._word_table = self._word_table[:0]
+        self._words.clear()
 
     def reset_state(self) -> None:
         """Forget the carried-over state ("carry" mode): the next batch starts from zeros."""
@@ -326,34 +338,11 @@ class Encoder:
             batches.append(current)
         return batches
 
-    def _word_embeddings(self, words: list[str]) -> torch.Tensor:
-        """Char-CNN vectors of distinct words, served from the per-word cache when possible.
-
-        The char-CNN is context-independent, so caching it per word type is exact.
-        """
-        slots = self._word_slots
-        missing = [w for w in words if w not in slots]
-        new_vectors = None
-        if missing:
-            ids = torch.from_numpy(self.tokens.char_ids(missing)).to(self.device)
-            word_ids = self.tokens.word_ids(missing)
-            new_vectors = self.bilm.token_embeddings(
-                ids, None if word_ids is None else torch.from_numpy(word_ids).to(self.device)
-            )
-            room = self._word_cache_size - len(slots)
-            if room > 0:
-                keep = missing[:room]
-                base = len(slots)
-                self._word_table = torch.cat([self._word_table, new_vectors[: len(keep)]])
-                for k, word in enumerate(keep):
-                    slots[word] = base + k
-        if new_vectors is None:
-            index = torch.tensor([slots[w] for w in words], device=self.device)
-            return self._word_table.index_select(0, index)
-        table = torch.cat([self._word_table, new_vectors])
-        fresh = {w: len(self._word_table) + k for k, w in enumerate(missing)}
-        index = torch.tensor([slots[w] if w in slots else fresh[w] for w in words], device=self.device)
-        return table.index_select(0, index)
+    def _token_vectors(self, words: list[str]) -> torch.Tensor:
+        """Token vectors (char-CNN, highway, projection) of ``words``, computed now."""
+        ids = torch.from_numpy(self.tokens.char_ids(words)).to(self.device)
+        word_ids = self.tokens.word_ids(words)
+        return self.bilm.token_embeddings(ids, None if word_ids is None else torch.from_numpy(word_ids).to(self.device))
 
     def _initial_states(self, order: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = len(order)
@@ -398,7 +387,7 @@ class Encoder:
                 token_ids[k] = distinct.setdefault(token, len(distinct))
             position += len(sentence) + 2
             token_ids[position - 1] = 1
-        word_vectors = self._word_embeddings(list(distinct))
+        word_vectors = self._words.vectors(list(distinct))
         embedded = word_vectors.index_select(0, torch.from_numpy(token_ids).to(self.device))  # (n_with_bounds, P)
 
         # Pack longest first; row starts[t] + k is step t of sorted sentence k.
