@@ -2,7 +2,8 @@
 
 ``original``, ``medium``, ``small``, ``original-5.5b`` are the files AllenAI published, downloaded
 once through pooch into ``$ELMO_CACHE_MODELS`` or the user cache directory (``~/.cache/elmo-cache``
-on Linux) and read from there after. The bundled model's folder is named here too. Which source
+on Linux) and read from there after. The bundled model's folder is named here too.
+HIT-SCIR's ELMoForManyLangs models (``efml-LANG``) are in :mod:`.efml_hub`, in the same folder. Which source
 answers which model name is :mod:`elmo_cache.model.sources`' business.
 """
 

@@ -44,8 +44,8 @@ class ModelFiles:
     options_file: Path
     # The weights HDF5 (bilm-tf layout).
     weight_file: Path
-    # The source that produced it (its ``origin``): "bundled", "published", "directory", "files" or
-    # "elmoformanylangs".
+    # The source that produced it (its ``origin``): "bundled", "published", "directory", "files",
+    # "elmoformanylangs" or "elmoformanylangs-published".
     origin: str
     # For origin "directory": the folder the model was named by, recorded so that `serve` finds it again.
     directory: Path | None = None
@@ -212,6 +212,57 @@ class PublishedSource:
         return ", ".join(repr(name) for name in hub.PUBLISHED_MODELS)
 
 
+class EfmlPublishedSource:
+    """The ELMoForManyLangs models HIT-SCIR published, by ``efml-<lang>`` name (:mod:`.efml_hub`);
+    each archive downloaded once and unpacked into ``hub.models_dir()/efml-<lang>/``."""
+
+    origin = "elmoformanylangs-published"
+
+    @staticmethod
+    def _files(name: str, directory: Path) -> ModelFiles:
+        from elmo_cache.model import efml
+
+        return ModelFiles(
+            name,
+            directory / efml.CONFIG_FILE,
+            directory / "encoder.pkl",
+            EfmlPublishedSource.origin,
+            directory=directory,
+            format=efml.FORMAT,
+        )
+
+    def claims(self, request: ModelRequest) -> bool:
+        from elmo_cache.model import efml_hub
+
+        return request.model is not None and request.model.lower() in efml_hub.EFML_MODELS
+
+    def resolve(self, request: ModelRequest) -> ModelFiles:
+        from elmo_cache.model import efml_hub
+
+        assert request.model is not None
+        published = efml_hub.EFML_MODELS[request.model.lower()]
+        return self._files(published.name, efml_hub.download(published))
+
+    def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
+        from elmo_cache.model import efml_hub
+
+        name = str(recorded.get("name")).lower()
+        published = efml_hub.EFML_MODELS.get(name)
+        if published is None:
+            return None, ""
+        folder = efml_hub.local_dir(published)
+        found = efml_hub.find_model_dir(folder)
+        if found is None:
+            return None, f"{name!r} is not downloaded into {folder}"
+        return self._files(published.name, found), f"{found} holds another {name!r} model"
+
+    def describe(self) -> str:
+        from elmo_cache.model import efml_hub
+
+        codes = ", ".join(name.removeprefix(efml_hub.PREFIX) for name in efml_hub.EFML_MODELS)
+        return f"'{efml_hub.PREFIX}LANG' (ELMoForManyLangs; LANG one of {codes})"
+
+
 class DirectorySource:
     """A local directory holding one ``*options*.json`` and one ``*weights*.hdf5``."""
 
@@ -279,7 +330,14 @@ class EfmlSource:
         return "an ELMoForManyLangs model directory"
 
 
-_SOURCES: list[ModelSource] = [FilesSource(), BundledSource(), PublishedSource(), EfmlSource(), DirectorySource()]
+_SOURCES: list[ModelSource] = [
+    FilesSource(),
+    BundledSource(),
+    PublishedSource(),
+    EfmlPublishedSource(),
+    EfmlSource(),
+    DirectorySource(),
+]
 
 
 def register_source(source: ModelSource, *, before: str | None = None) -> None:

@@ -1,0 +1,228 @@
+"""Published ELMoForManyLangs models by name (``efml-<lang>``): a real HTTP server on the loopback
+interface serves archives of tiny generated models; pooch downloads them as it would from NLPL."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import http.server
+import io
+import re
+import socket
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo_cache import Encoder
+from elmo_cache.errors import ModelDownloadError, ModelNotFoundError
+from elmo_cache.model import efml, efml_hub, sources
+from tests.test_efml import write_model
+
+SENTENCE = ["我们", "是", "中文", "。", "cat"]
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture
+def server(tmp_path):
+    """An HTTP server for the files under ``tmp_path / "www"``; yields its root and base URL."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "models"
+    monkeypatch.setenv("ELMO_CACHE_MODELS", str(folder))
+    return folder
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    return write_model(tmp_path / "src" / "zht.model", seed=5)
+
+
+def zip_dir(directory: Path, archive: Path, prefix: str = "") -> Path:
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(directory.iterdir()):
+            zf.write(path, prefix + path.name)
+    return archive
+
+
+def publish(monkeypatch, name: str, url: str, sha256: str | None = None) -> efml_hub.PublishedEfml:
+    """Point a catalogue entry at ``url`` (the test server, or nowhere)."""
+    model = dataclasses.replace(efml_hub.EFML_MODELS[name], url=url, sha256=sha256)
+    monkeypatch.setitem(efml_hub.EFML_MODELS, name, model)
+    return model
+
+
+def unused_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/repository/11/179.zip"
+
+
+def test_a_name_is_downloaded_once_unpacked_and_loaded_then_found_offline(server, models, model_dir, monkeypatch):
+    root, base = server
+    zip_dir(model_dir, root / "repository" / "11" / "179.zip")
+    publish(monkeypatch, "efml-zht", f"{base}/repository/11/179.zip")
+    files = sources.resolve("efml-zht")
+    assert files.origin == "elmoformanylangs-published" and files.format == efml.FORMAT
+    assert files.name == "efml-zht" and files.directory == models / "efml-zht"
+    assert sorted(p.name for p in (models / "efml-zht").iterdir()) == sorted(p.name for p in model_dir.iterdir())
+    encoder = Encoder.load("efml-zht", device="cpu")
+    expected = Encoder.load(model_dir, device="cpu").embed_sentence(SENTENCE)
+    np.testing.assert_array_equal(encoder.embed_sentence(SENTENCE), expected)
+    assert encoder.identity["weights_sha256"] == efml.fingerprint(model_dir)[0]
+    assert encoder.identity["name"] == "efml-zht"
+
+    publish(monkeypatch, "efml-zht", unused_url())  # no server: found again without network
+    assert sources.resolve("EFML-ZHT") == files
+
+
+def test_a_tar_archive_with_a_model_folder_is_found_inside_it(server, models, model_dir, monkeypatch):
+    root, base = server
+    with tarfile.open(root / "zhs.model.tar.bz2", "w:bz2") as tf:
+        tf.add(model_dir, arcname="zhs.model")
+    publish(monkeypatch, "efml-zh", f"{base}/zhs.model.tar.bz2")
+    files = sources.resolve("efml-zh")
+    assert files.directory == models / "efml-zh" / "zhs.model"
+    assert sorted(p.name for p in (models / "efml-zh").iterdir()) == ["zhs.model"]  # the archive is removed
+    vectors = Encoder.load("efml-zh", device="cpu").embed_sentence(SENTENCE)
+    np.testing.assert_array_equal(vectors, Encoder.load(model_dir, device="cpu").embed_sentence(SENTENCE))
+
+
+def test_an_archive_put_in_the_folder_by_hand_is_unpacked_without_network(models, model_dir, monkeypatch):
+    model = publish(monkeypatch, "efml-de", unused_url().replace("179", "142"))
+    zip_dir(model_dir, models / "efml-de" / model.archive_name, prefix="de.model/")
+    files = sources.resolve("efml-de")
+    assert files.directory == models / "efml-de" / "de.model" and (files.directory / "encoder.pkl").is_file()
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [("../evil.txt", "'..' component"), ("ok/../../evil.txt", "'..' component"), ("/tmp/evil.txt", "absolute path")],
+)
+def test_an_archive_with_a_member_outside_its_folder_is_refused(server, models, model_dir, monkeypatch, member, why):
+    root, base = server
+    archive = zip_dir(model_dir, root / "179.zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr(member, "escaped")
+    publish(monkeypatch, "efml-zht", f"{base}/179.zip")
+    with pytest.raises(ModelDownloadError) as info:
+        sources.resolve("efml-zht")
+    message = str(info.value)
+    assert repr(member) in message and why in message and "refused" in message and "removed" in message
+    assert not (models / "evil.txt").exists() and not (models.parent / "evil.txt").exists()
+    assert list((models / "efml-zht").iterdir()) == []  # neither files nor the archive stay
+
+
+def test_a_tar_with_a_link_is_refused(server, models, model_dir, monkeypatch):
+    root, base = server
+    with tarfile.open(root / "zhs.model.tar.bz2", "w:bz2") as tf:
+        tf.add(model_dir, arcname="zhs.model")
+        link = tarfile.TarInfo("zhs.model/word.dic.link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(link)
+    publish(monkeypatch, "efml-zh", f"{base}/zhs.model.tar.bz2")
+    with pytest.raises(ModelDownloadError, match="not a plain file or folder"):
+        sources.resolve("efml-zh")
+    assert list((models / "efml-zh").iterdir()) == []
+
+
+def test_an_archive_without_a_model_or_not_an_archive_is_refused(server, models, monkeypatch):
+    root, base = server
+    with zipfile.ZipFile(root / "179.zip", "w") as zf:
+        zf.writestr("README", "nothing here")
+    (root / "page.zip").write_text("<html>not found</html>")
+    publish(monkeypatch, "efml-zht", f"{base}/179.zip")
+    with pytest.raises(ModelDownloadError, match=r"does not hold an ELMoForManyLangs model.*README"):
+        sources.resolve("efml-zht")
+    publish(monkeypatch, "efml-zht", f"{base}/page.zip")
+    with pytest.raises(ModelDownloadError, match="neither a zip nor a tar archive"):
+        sources.resolve("efml-zht")
+    assert list((models / "efml-zht").iterdir()) == []
+
+
+def test_offline_the_error_names_the_url_and_the_folder(models, monkeypatch):
+    url = unused_url()
+    publish(monkeypatch, "efml-zht", url)
+    with pytest.raises(ModelDownloadError) as info:
+        Encoder.load("efml-zht", device="cpu")
+    message = str(info.value)
+    for part in (url, str(models / "efml-zht"), "ELMO_CACHE_MODELS", "--model DIR", "config.json", "encoder.pkl"):
+        assert part in message, part
+
+
+def test_unpinned_downloads_warn_and_pinned_ones_are_verified(server, models, model_dir, monkeypatch, caplog):
+    root, base = server
+    archive = zip_dir(model_dir, root / "179.zip")
+    publish(monkeypatch, "efml-zht", f"{base}/179.zip", sha256="0" * 64)
+    with pytest.raises(ModelDownloadError, match="does not have the SHA-256 elmo-cache pins"):
+        sources.resolve("efml-zht")
+    assert list((models / "efml-zht").iterdir()) == []
+    publish(monkeypatch, "efml-zht", f"{base}/179.zip", sha256=hashlib.sha256(archive.read_bytes()).hexdigest())
+    assert sources.resolve("efml-zht").directory == models / "efml-zht"
+    publish(monkeypatch, "efml-zh", f"{base}/179.zip")
+    with caplog.at_level("WARNING", logger="elmo_cache.model.efml_hub"):
+        sources.resolve("efml-zh")
+    assert "without a pinned SHA-256" in caplog.text
+
+
+def test_locate_finds_a_downloaded_model_by_its_name(server, models, model_dir, monkeypatch, tmp_path):
+    root, base = server
+    zip_dir(model_dir, root / "179.zip")
+    publish(monkeypatch, "efml-zht", f"{base}/179.zip")
+    recorded = dict(Encoder.load("efml-zht", device="cpu").identity)
+    recorded["directory"] = str(tmp_path / "another-machine" / "efml-zht")  # not here: found by name
+    files, why = sources.locate(recorded)
+    assert why == "" and files is not None and files.directory == models / "efml-zht"
+    assert files.origin == "elmoformanylangs-published"
+
+    monkeypatch.setenv("ELMO_CACHE_MODELS", str(tmp_path / "empty"))
+    files, why = sources.locate(recorded)
+    assert files is None and f"'efml-zht' is not downloaded into {tmp_path / 'empty' / 'efml-zht'}" in why
+
+
+def test_the_catalogue_is_the_readme_table_of_theirs():
+    names = list(efml_hub.EFML_MODELS)
+    assert len(names) == 45 and all(name.startswith(efml_hub.PREFIX) for name in names)
+    ids = [int(m.url.rsplit("/", 1)[1].removesuffix(".zip")) for m in efml_hub.EFML_MODELS.values() if "nlpl" in m.url]
+    assert sorted(ids) == list(range(136, 180))
+    for model in efml_hub.EFML_MODELS.values():
+        assert model.sha256 is None or re.fullmatch("[0-9a-f]{64}", model.sha256), model.name
+    readme = README.read_text(encoding="utf-8")
+    for model in efml_hub.EFML_MODELS.values():
+        assert f"`{model.name}`" in readme and model.url in readme, model.name
+
+
+def test_unknown_names_list_the_languages():
+    with pytest.raises(ModelNotFoundError) as info:
+        sources.resolve("efml-xx")
+    assert "'efml-LANG'" in str(info.value) and "zht" in str(info.value)
+
+
+def test_unpack_refuses_before_writing(tmp_path):
+    archive = tmp_path / "a.zip"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("config.json", "{}")
+        zf.writestr("sub\\..\\..\\evil.txt", "x")  # Windows separators count too
+    archive.write_bytes(buffer.getvalue())
+    with pytest.raises(ModelDownloadError, match="'..' component"):
+        efml_hub.unpack(archive, tmp_path / "out")
+    assert not (tmp_path / "out" / "config.json").exists()
