@@ -25,8 +25,9 @@ def model_options(function: F) -> F:
             click.option(
                 "--model",
                 default=None,
-                help=f"Model name ({names}) or a directory with options JSON + "
-                f"weights HDF5. Default: {BUNDLED} (shipped with elmo-cache, no download).",
+                help=f"Model name ({names}, or efml-LANG for an ELMoForManyLangs model, e.g. efml-zh) or a "
+                "directory (options JSON + weights HDF5, or an ELMoForManyLangs model). "
+                f"Default: {BUNDLED} (shipped with elmo-cache, no download).",
             ),
             click.option(
                 "--options-file", type=click.Path(dir_okay=False), default=None, help="options.json of the model."

@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{checkpoint['tokens']:,} tokens per direction "
         f"({epochs:.2f} epochs), {hours:.1f} hours on {_machine(checkpoint.get('machine'))}.",
         "",
-        "Rebuild everything (corpus, baselines, model, this card): `scripts/bundled_model/rebuild.sh`.",
+        ("How this model was made, step by step: `scripts/bundled_model/continue.sh`. " if args.history else "")
+        + "Rebuild everything from scratch (corpus, baselines, model, this card): `scripts/bundled_model/rebuild.sh`.",
         "",
     ]
     args.out.write_text("\n".join(lines), encoding="utf-8")
@@ -192,7 +193,8 @@ def _reset_note(share: float | None) -> str:
 def _machine(recorded: dict | None) -> str:
     if not recorded:  # checkpoints before the trainer recorded its machine
         return "an unrecorded machine"
-    return f"{recorded['threads']} threads of {recorded['cpu']} ({recorded['device']}, torch {torch.__version__})"
+    threads = f"{recorded['threads']} thread{'s' if recorded['threads'] != 1 else ''}"
+    return f"{threads} of {recorded['cpu']} ({recorded['device']}, torch {torch.__version__})"
 
 
 if __name__ == "__main__":
