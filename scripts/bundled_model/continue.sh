@@ -29,7 +29,9 @@ python scripts/bundled_model/unseen_heldout.py --corpus "$WORK/corpus-old" --out
 python scripts/bundled_model/ngram_baselines.py --train "$WORK/corpus-eval/train.txt" \
     --heldout "$WORK/corpus-eval/heldout.txt" --vocab "$FIRST/vocab.txt" --json "$WORK/baselines-eval.json"
 "${TRAIN[@]}"
-python scripts/bundled_model/make_model_card.py --model "$MODEL" --corpus "$WORK/corpus-eval" \
+python benchmarks/probe_quality.py --model "$MODEL" --wordnet "$WORK/scratch/extract/wordnet-base/usr/share/wordnet" \
+    --probes wsd,pos --threads "${THREADS:-1}" --json "$WORK/probes.json"
+python scripts/bundled_model/make_model_card.py --model "$MODEL" --corpus "$WORK/corpus-eval" --probes "$WORK/probes.json" \
     --baselines "$WORK/baselines-eval.json" --command "${TRAIN[*]}" --out "$MODEL/MODEL_CARD.md" \
     --split-note "$(cat scripts/bundled_model/first_split_note.txt)" \
     --history "$(cat scripts/bundled_model/first_stage_note.txt)"

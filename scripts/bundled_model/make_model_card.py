@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         help="how the held-out text was chosen, when not by build_corpus.py's current rule (replaces that sentence)",
     )
     ap.add_argument(
+        "--probes",
+        type=Path,
+        default=None,
+        help="the --json output of benchmarks/probe_quality.py --probes wsd,pos on this model (adds a section)",
+    )
+    ap.add_argument(
         "--history",
         action="append",
         default=[],
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "encoder does not use. Reproduce: `elmo-cache perplexity MODEL_DIR heldout.txt --mode "
         "sentence|warm|stream` and `scripts/bundled_model/ngram_baselines.py`.",
         "",
+        *(_probe_lines(json.loads(args.probes.read_text())) if args.probes else []),
         "## Training",
         "",
         f"- Command: `{args.command}`",
@@ -162,6 +169,64 @@ def main(argv: list[str] | None = None) -> int:
         f"{alone.mean:.1f} (zero state), {warm.mean:.1f} (warm), {stream.mean:.1f} (carried); KN trigram {trigram:.1f}"
     )
     return 0
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
+def _probe_lines(probes: dict) -> list[str]:
+    """The word-sense and noun-vs-verb tables of ``probe_quality.py --json``, with their caveat."""
+    wsd, pos = probes["wsd"], probes["pos"]
+    layers = ("0", "1", "2")
+    lines = [
+        "## Probes",
+        "",
+        f"`python {' '.join(probes['argv'])}` ({probes['machine'].get('cpu', '')}); "
+        "accuracy %, per layer, against a random-weights model of the same shape. The examples are WordNet's, "
+        "whose glosses are ~1.6M of the 6.6M training tokens: the model has read these sentences (never their "
+        "sense or part-of-speech labels), so a model that has not may score lower.",
+        "",
+        f"Word sense by 1-nearest-neighbour over sense means (the ELMo paper's WSD probe; {wsd_counts(probes)}):",
+        "",
+        "| vectors | layer 0 | layer 1 | layer 2 |",
+        "|---|---|---|---|",
+        "| this model | " + " | ".join(_pct(wsd["model"][k]) for k in layers) + " |",
+        "| random model | " + " | ".join(_pct(wsd["random"][k]) for k in layers) + " |",
+        f"| most frequent training sense | {_pct(wsd['mfs'])} | | |",
+        "",
+        "Noun or verb, by a linear probe (split by example, and by lemma so that memorising the word cannot score):",
+        "",
+        "| split | vectors | layer 0 | layer 1 | layer 2 |",
+        "|---|---|---|---|---|",
+    ]
+    for split, label in (("by_example", "by example"), ("by_lemma", "by lemma")):
+        part = pos[split]
+        lines += [
+            f"| {label} ({part['n_train']:,} / {part['n_test']:,}) | this model | "
+            + " | ".join(_pct(part["model"][k]) for k in layers)
+            + " |",
+            "| | random model | " + " | ".join(_pct(part["random"][k]) for k in layers) + " |",
+            f"| | majority class | {_pct(part['majority'])} | | |",
+        ]
+    best_random = max(wsd["random"][k] for k in ("1", "2"))
+    best_model = max(wsd["model"][k] for k in ("1", "2"))
+    verdict = "no better than the random model's" if best_model <= best_random + 0.05 else "above the random model's"
+    lines += [
+        "",
+        f"On senses the contextual layers beat layer 0 and the most frequent sense, but they are {verdict} "
+        "(WordNet has one or two examples per sense, so a sense mean is about one sentence and the probe mostly "
+        "rewards shared neighbouring words, which random LSTM features keep too). On noun against verb the "
+        "contextual layers are far above the random model's, by lemma as by example.",
+        "",
+    ]
+    return lines
+
+
+def wsd_counts(probes: dict) -> str:
+    counts = probes.get("wsd_counts") or {}
+    parts = [f"{counts[k]:,} {k.replace('_', ' ')}" for k in ("train", "test") if isinstance(counts.get(k), int)]
+    return ", ".join(parts) or "WordNet examples"
 
 
 def _row(label: str, result, trigram: float) -> str:
