@@ -7,7 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
-from reader_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+
+import elmo_cache
+from elmo_cache.errors import (
+    CacheCorruptError,
+)
+from elmo_cache.text.tokenize import tokenize
+from tests.reader_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     LINES,
     activations,
     corpus,
@@ -16,12 +22,6 @@ from reader_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name
     expected,
     make_cache,
 )
-
-import elmo_cache
-from elmo_cache.errors import (
-    CacheCorruptError,
-)
-from elmo_cache.text.tokenize import tokenize
 
 LAYOUTS = [
     pytest.param(dict(fmt="zarr"), id="zarr-all-fp32"),

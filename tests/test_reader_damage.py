@@ -9,15 +9,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from reader_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
-    LINES,
-    activations,
-    corpus,
-    direct,
-    encoder,
-    expected,
-    make_cache,
-)
 
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
@@ -30,6 +21,15 @@ from elmo_cache.errors import (
     IncompleteCacheError,
 )
 from elmo_cache.verify import verify
+from tests.reader_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
+    LINES,
+    activations,
+    corpus,
+    direct,
+    encoder,
+    expected,
+    make_cache,
+)
 
 # -- bad caches ------------------------------------------------------------------------------
 

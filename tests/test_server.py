@@ -9,7 +9,13 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from server_helpers import (
+
+import elmo_cache
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.selection import MixSpec, Selection
+from elmo_cache.server import Settings, create_app, load_resources
+from elmo_cache.text.tokenize import tokenize
+from tests.server_helpers import (
     LINES,
     UNSEEN,
     build_cache,
@@ -21,12 +27,6 @@ from server_helpers import (
     run,
     settings,
 )
-
-import elmo_cache
-from elmo_cache.errors import InvalidParameterError
-from elmo_cache.selection import MixSpec, Selection
-from elmo_cache.server import Settings, create_app, load_resources
-from elmo_cache.text.tokenize import tokenize
 
 
 @pytest.fixture(scope="module")

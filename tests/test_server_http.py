@@ -19,7 +19,7 @@ import uvicorn
 
 import elmo_cache
 from elmo_cache.server import Settings, create_app
-from tests.test_server import GatedEncoder
+from tests.server_helpers import GatedEncoder
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,11 @@ import asyncio
 import json
 
 import pytest
-from server_helpers import (
+
+import elmo_cache
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.server import create_app
+from tests.server_helpers import (
     UNSEEN,
     GatedEncoder,
     close,
@@ -18,10 +22,6 @@ from server_helpers import (
     run,
     settings,
 )
-
-import elmo_cache
-from elmo_cache.errors import InvalidParameterError
-from elmo_cache.server import create_app
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from store_contract import StoreContract
 
 from elmo_cache.store.format import META_KEY
+from tests.store_contract import StoreContract
 
 
 class TestHdf5Store(StoreContract):

@@ -7,10 +7,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from store_contract import StoreContract
 
 import elmo_cache
 from elmo_cache.store.format import META_KEY, TOKEN_ARRAYS
+from tests.store_contract import StoreContract
 
 
 class TestZarrStore(StoreContract):

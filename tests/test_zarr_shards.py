@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_contract import DIM, _append, _metadata, _sentences
 
 import elmo_cache
 from elmo_cache import store
@@ -16,6 +15,7 @@ from elmo_cache.store import Layout, Progress
 from elmo_cache.store import zarr as zarr_store
 from elmo_cache.store.format import staging_path
 from elmo_cache.verify import verify
+from tests.store_contract import DIM, _append, _metadata, _sentences
 
 ROW = (2, DIM)
 
