@@ -10,7 +10,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from elmo_cache._primitives import bound_primitive_caches
+
 __version__ = "0.1.0"
+
+# Before anything imports torch, which reads these once: see elmo_cache._primitives.
+bound_primitive_caches()
 
 # name -> module that defines it
 _EXPORTS = {
