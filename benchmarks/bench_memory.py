@@ -29,8 +29,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 _HERE = Path(__file__).resolve().parent
+# The environment as launched: ``import elmo_cache`` (here, for the model's size) sets variables of its own
+# (elmo_cache._primitives), which a child running another checkout (``--code``) must not inherit.
+_LAUNCH_ENV = dict(os.environ)
 _DEFAULT_RUNS = (
     "local:zarr:bundled:1M,local:zarr:tiny:1M,local:zarr:tiny:10M,local:hdf5:tiny:1M,local:hdf5:tiny:10M,"
     "ray:zarr:tiny:1M,ray:zarr:tiny:10M"
@@ -121,10 +125,90 @@ def _model_params(model: str) -> str:
     return f"{params / 1e6:.2f}M weights, vectors 3 x {2 * options.projection_dim}"
 
 
+# (module, attribute path, phase): functions whose calls mark a phase of the build in the child. A name the
+# library (``--code``) lacks is skipped. The innermost phase running is the one a sample is counted in.
+_PHASES = (
+    ("elmo_cache.builder.pipeline", "load_encoder", "load model"),
+    ("elmo_cache.builder.pipeline", "_run", "encode"),
+    ("elmo_cache.store._staging", "Writer.index", "index"),
+    ("elmo_cache.store.zarr", "ZarrWriter.finalize", "finish"),
+    ("elmo_cache.store.hdf5", "Hdf5Writer.finalize", "finish"),
+    ("elmo_cache.store.zarr", "finish_group", "finish group"),
+    ("elmo_cache.builder.distributed", "first_pass", "first pass"),
+    ("elmo_cache.builder.distributed", "_run_parts", "parts (ray)"),
+    ("elmo_cache.builder.distributed", "_finish", "finish"),
+)
+
+
+class _PhaseSampler:
+    """Samples this process's RssAnon / RssFile every 50 ms and keeps, per phase, the largest of each and
+    the values when the phase ended: which phase holds memory, and whether it is anonymous or mapped files."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stack: list[str] = ["setup"]
+        self.peaks: dict[str, dict[str, int]] = {}
+        self.ends: dict[str, dict[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def sample(self) -> dict[str, int]:
+        status = _status(os.getpid())
+        values = {key: status.get(key, 0) for key in ("RssAnon", "RssFile", "VmRSS")}
+        peak = self.peaks.setdefault(self.stack[-1], dict.fromkeys(values, 0))
+        for key, value in values.items():
+            peak[key] = max(peak[key], value)
+        return values
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            self.sample()
+
+    def wrap(self, module_name: str, path: str, phase: str) -> None:
+        import functools
+        import importlib
+
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            return
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        @functools.wraps(original)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.stack.append(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.ends[phase] = self.sample()
+                self.stack.pop()
+
+        setattr(owner, name, wrapped)
+
+    def start(self) -> None:
+        for module_name, path, phase in _PHASES:
+            self.wrap(module_name, path, phase)
+        self._thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        return {"peaks": self.peaks, "ends": self.ends}
+
+
 def child(spec: dict) -> None:
     """The measured process: one build, then its own figures as a JSON line on stdout."""
     import elmo_cache
     from elmo_cache.builder.options import BuildOptions
+
+    sampler = _PhaseSampler()
+    sampler.start()
 
     model = spec["model"]
     kwargs = {} if model == "bundled" else {"model": spec["model_dir"]}
@@ -141,6 +225,7 @@ def child(spec: dict) -> None:
         "seconds": seconds,
         "anon_end": status.get("RssAnon", 0),
         "hwm": status.get("VmHWM", 0),
+        "phases": sampler.stop(),
     }
     print("RESULT " + json.dumps(result), flush=True)
     if spec["engine"] == "ray":
@@ -162,13 +247,13 @@ def measure(run: str, args: argparse.Namespace) -> dict:
         "output": str(work / f"out-{engine}.{'zarr' if fmt == 'zarr' else 'h5'}"),
         "workers": args.workers,
     }
-    env = dict(os.environ)
+    env = dict(_LAUNCH_ENV)
     if args.code:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.code, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True, env=env
     )
-    worker_peak = tree_peak = anon_peak = 0
+    worker_peak = tree_peak = anon_peak = worker_anon = worker_file = 0
     hwm: dict[int, int] = {}
     while proc.poll() is None:
         total = 0
@@ -179,6 +264,8 @@ def measure(run: str, args: argparse.Namespace) -> dict:
                 anon_peak = max(anon_peak, status.get("RssAnon", 0))
             elif "ray::" in _cmdline(pid):
                 hwm[pid] = max(hwm.get(pid, 0), status.get("VmHWM", 0))
+                worker_anon = max(worker_anon, status.get("RssAnon", 0))
+                worker_file = max(worker_file, status.get("RssFile", 0))
         tree_peak = max(tree_peak, total)
         time.sleep(0.2)
     worker_peak = max(hwm.values(), default=0)
@@ -194,9 +281,29 @@ def measure(run: str, args: argparse.Namespace) -> dict:
         "model": model,
         **result,
         "anon_peak": anon_peak,
+        "worker_anon_peak": worker_anon,
+        "worker_file_peak": worker_file,
         "worker_peak": worker_peak,
         "tree_peak": tree_peak,
     }
+
+
+def _phase_lines(r: dict) -> str:
+    """Per phase of the build process: the largest RssAnon / RssFile seen, and both when it ended (MB)."""
+    mb = 2**20
+    lines = [f"    {'phase':14} {'anon peak':>9} {'file peak':>9} {'anon end':>9} {'file end':>9}  (MB)"]
+    for phase, peak in r["phases"]["peaks"].items():
+        end = r["phases"]["ends"].get(phase, {})
+        lines.append(
+            f"    {phase:14} {peak['RssAnon'] / mb:9.0f} {peak['RssFile'] / mb:9.0f} "
+            f"{end.get('RssAnon', 0) / mb:9.0f} {end.get('RssFile', 0) / mb:9.0f}"
+        )
+    if r["engine"] == "ray":
+        lines.append(
+            f"    ray workers: RssAnon peak {r['worker_anon_peak'] / mb:.0f} MB, RssFile peak "
+            f"{r['worker_file_peak'] / mb:.0f} MB"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -206,6 +313,7 @@ def main() -> None:
     parser.add_argument("--code", help="a checkout whose elmo_cache the children import (PYTHONPATH)")
     parser.add_argument("--workers", type=int, default=2, help="Ray workers")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--phases", action="store_true", help="also print each phase's RssAnon / RssFile")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -238,6 +346,8 @@ def main() -> None:
             f"{r['hwm'] / gb:8.2f} GB {r['anon_end'] / gb:6.2f} GB {workers} {tree} {r['seconds']:8.1f}",
             flush=True,
         )
+        if args.phases:
+            print(_phase_lines(r), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

@@ -143,8 +143,9 @@ class Encoder:
 
         ``model``: None or "bundled" for the model shipped with the package (no network); a
         published one ("original", "medium", "small", "original-5.5b", or "efml-LANG" for an
-        ELMoForManyLangs model; downloaded once into the model cache); a local directory with one options JSON and one weights HDF5, or an
-        ELMoForManyLangs model directory (:mod:`elmo_cache.model.efml`); an
+        ELMoForManyLangs model; downloaded once into the model cache); a local directory with one
+        options JSON and one weights HDF5, or an ELMoForManyLangs model directory
+        (:mod:`elmo_cache.model.efml`); an
         ``(options_file, weight_file)`` pair; or :class:`~elmo_cache.model.sources.ModelFiles`
         already resolved. ``options_file`` + ``weight_file`` (both or neither) win over ``model``.
         Every source is in :mod:`elmo_cache.model.sources`.

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from elmo_cache.builder._rowsink import FRAGMENTS_DIR, RowSink, file_range, fragment_path
 from elmo_cache.builder.encoding import WindowEncoder, default_batch_tokens
 from elmo_cache.builder.firstpass import FirstPass, corpus_signature, first_pass, load_first_pass
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
@@ -62,10 +63,10 @@ from elmo_cache.store import (
     finish_group,
     remove_output,
     vectors_file_rows,
-    write_vectors_file,
 )
 from elmo_cache.store._sort import sort_index
 from elmo_cache.store._staging import atomic_write_json, fsync_path, offsets_after_zero
+from elmo_cache.store._vectorsfile import VectorsFileStream, copy_rows
 from elmo_cache.store.container import containers, get_container
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.store.lock import output_lock
@@ -79,7 +80,6 @@ files but before its marker, as a worker dying there would."""
 
 PLAN_DIR = DISTRIBUTED_PLAN_DIR
 PARTS_DIR = "parts"
-FRAGMENTS_DIR = "fragments"
 
 # Parts per worker by default: enough to balance uneven parts, few enough that the edge files
 # stitched by the driver (at most one per cut) stay a small share of the vectors.
@@ -131,76 +131,6 @@ def cut_parts(windows: np.ndarray, file_rows: int, n_parts: int) -> list[PartSpe
     return specs
 
 
-def _file_range(k: int, file_rows: int, n_rows: int) -> tuple[int, int]:
-    return k * file_rows, min((k + 1) * file_rows, n_rows)
-
-
-def _write_atomic(path: Path, data: np.ndarray) -> None:
-    # A per-process temporary name: a part still running in an actor of a killed driver must not
-    # write into the same temporary file as its redo.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(np.ascontiguousarray(data).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class _RowSink:
-    """Takes a part's rows in order; writes each vectors file it owns whole, and the rest as fragments."""
-
-    def __init__(self, staging: Path, layout: Layout, n_rows: int, first_row: int, end_row: int):
-        self.staging = staging
-        self.layout = layout
-        self.n_rows = n_rows
-        self.file_rows = vectors_file_rows(layout)
-        self.first, self.end = first_row, end_row
-        self.pos = first_row
-        self.buffer: np.ndarray | None = None
-        self.filled = 0
-        self.files: dict[int, tuple[int, int]] = {}  # file -> (size, crc32)
-        self.fragments: list[tuple[int, int, int]] = []  # (file, first row, end row)
-
-    def _span(self, k: int) -> tuple[int, int]:
-        start, stop = _file_range(k, self.file_rows, self.n_rows)
-        return max(start, self.first), min(stop, self.end)
-
-    def add(self, vectors: np.ndarray) -> None:
-        i = 0
-        while i < len(vectors):
-            k = self.pos // self.file_rows
-            lo, hi = self._span(k)
-            if self.buffer is None:
-                self.buffer = np.empty((hi - lo, *self.layout.row_shape), dtype=self.layout.dtype)
-                self.filled = 0
-            take = min(hi - self.pos, len(vectors) - i)
-            self.buffer[self.filled : self.filled + take] = vectors[i : i + take]
-            self.filled += take
-            self.pos += take
-            i += take
-            if self.pos == hi:
-                self._flush(k, lo, hi)
-
-    def _flush(self, k: int, lo: int, hi: int) -> None:
-        assert self.buffer is not None
-        if (lo, hi) == _file_range(k, self.file_rows, self.n_rows):
-            self.files[k] = write_vectors_file(self.staging, self.layout, self.n_rows, k, self.buffer)
-        else:
-            _write_atomic(_fragment_path(self.staging, k, lo), self.buffer)
-            self.fragments.append((k, lo, hi))
-        self.buffer = None
-
-    def close(self) -> None:
-        if self.pos != self.end:
-            raise ElmoCacheError(
-                f"a part of {self.staging} ended at row {self.pos}, not {self.end}; the plan is damaged"
-            )
-
-
-def _fragment_path(staging: Path, k: int, first_row: int) -> Path:
-    return staging / BUILD_DIR / FRAGMENTS_DIR / f"{k}-{first_row}.bin"
-
-
 def _marker_path(staging: Path, index: int) -> Path:
     return staging / BUILD_DIR / PARTS_DIR / f"{index}.done"
 
@@ -227,16 +157,16 @@ def run_part(job: _Job, encode: WindowEncoder, plan: FirstPass, spec: PartSpec) 
     import torch
 
     begin = time.monotonic()
-    sink = _RowSink(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row)
     tokens = encoded = 0
-    with torch.inference_mode():
-        for w in range(spec.first_window, spec.end_window):
-            window, offsets, new, first_row = plan.window(w)
-            vectors, count = encode.encode(window.tokens, window.lengths, offsets, new, first_row)
-            sink.add(vectors)
-            tokens += int(window.lengths.sum(dtype=np.int64))
-            encoded += count
-    sink.close()
+    with RowSink(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row) as sink:
+        with torch.inference_mode():
+            for w in range(spec.first_window, spec.end_window):
+                window, offsets, new, first_row = plan.window(w)
+                vectors, count = encode.encode(window.tokens, window.lengths, offsets, new, first_row)
+                sink.add(vectors)
+                tokens += int(window.lengths.sum(dtype=np.int64))
+                encoded += count
+        sink.close()
     if job.fail_part == spec.index:
         raise ElmoCacheError(f"part {spec.index} failed on purpose ({FAIL_PART_ENV}, a test hook)")
     fsync_path(job.staging / BUILD_DIR / FRAGMENTS_DIR, directory=True)
@@ -686,20 +616,18 @@ def _finish(
         for k, lo, hi in marker["fragments"]:
             fragments.setdefault(int(k), []).append((int(lo), int(hi)))
     for k, pieces in sorted(fragments.items()):
-        start, stop = _file_range(k, file_rows, first.n_rows)
+        start, stop = file_range(k, file_rows, first.n_rows)
         pieces.sort()
         if pieces[0][0] != start or pieces[-1][1] != stop or any(a[1] != b[0] for a, b in itertools.pairwise(pieces)):
             raise CacheFormatError(
                 f"{staging}: the fragments of vectors file {k} ({pieces}) do not cover rows {start}-{stop}; "
                 "rerun with --overwrite"
             )
-        rows = np.concatenate(
-            [
-                np.fromfile(_fragment_path(staging, k, lo), dtype=layout.dtype).reshape(hi - lo, *layout.row_shape)
-                for lo, hi in pieces
-            ]
-        )
-        sums[k] = write_vectors_file(staging, layout, first.n_rows, k, rows)
+        # Streamed fragment by fragment: gathered in memory, a shared file (up to 256 MiB) sat in the driver.
+        with VectorsFileStream(staging, layout, first.n_rows, k) as stream:
+            for lo, hi in pieces:
+                copy_rows(fragment_path(staging, k, lo), hi - lo, layout, stream)
+            sums[k] = stream.finish()
     n_files = -(-first.n_rows // file_rows)
     missing = sorted(set(range(n_files)) - set(sums))
     if missing:

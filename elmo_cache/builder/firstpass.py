@@ -78,26 +78,31 @@ class FirstPass:
         return int(self.info["tokens"])
 
     def window(self, w: int) -> tuple[Window, np.ndarray, np.ndarray, int]:
-        """Window ``w`` with its tokens read back from the stored keys, its offsets, ``new`` and first row."""
+        """Window ``w`` with its tokens read back from the stored keys, its offsets, ``new`` and first row.
+
+        Read from the plan's files, not through the maps of its arrays: a worker reading its windows
+        through the maps kept every page it touched, its share of the corpus's text and per-line
+        arrays by the end of its parts."""
         first, count, first_row, _ = (int(x) for x in self.windows[w])
-        ends = self.text_ends[first : first + count]
-        start = int(self.text_ends[first - 1]) if first else 0
+        lo = max(0, first - 1)  # the end of the line before: where this window's text starts
+        ends_from_lo = self._range("text_ends", lo, first + count)
+        start = int(ends_from_lo[0]) if first else 0
+        ends = ends_from_lo[first - lo :]
         base = start
-        raw = self.text[start : int(ends[-1])].tobytes() if count else b""
+        raw = self._range("text", start, int(ends[-1])).tobytes() if count else b""
         tokens: list[list[str]] = []
         for end in ends.tolist():
             key = raw[start - base : end - base].decode(*TEXT_ENCODING)
             start = end
             tokens.append(key.split(" ") if key else [])  # tokens never hold whitespace (FORMAT.md)
         window = Window(
-            first, tokens, np.array(self.hashes[first : first + count]), np.array(self.lengths[first : first + count])
+            first, tokens, self._range("hashes", first, first + count), self._range("lengths", first, first + count)
         )
-        return (
-            window,
-            np.array(self.offsets[first : first + count]),
-            np.array(self.new[first : first + count]),
-            first_row,
-        )
+        return window, self._range("offsets", first, first + count), self._range("new", first, first + count), first_row
+
+    def _range(self, name: str, start: int, stop: int) -> np.ndarray:
+        dtype, shape = _COLUMNS[name]
+        return RawColumn(self.directory / f"{name}.bin", dtype, shape).read_range(start, stop)
 
 
 def _columns(directory: Path) -> dict[str, RawColumn]:
