@@ -255,6 +255,7 @@ def measure(run: str, args: argparse.Namespace) -> dict:
     )
     worker_peak = tree_peak = anon_peak = worker_anon = worker_file = 0
     hwm: dict[int, int] = {}
+    names: dict[int, str] = {}  # Ray process -> its name (ray::MapWorker(...), ray::IDLE...)
     while proc.poll() is None:
         total = 0
         for pid in _tree(proc.pid):
@@ -264,6 +265,7 @@ def measure(run: str, args: argparse.Namespace) -> dict:
                 anon_peak = max(anon_peak, status.get("RssAnon", 0))
             elif "ray::" in _cmdline(pid):
                 hwm[pid] = max(hwm.get(pid, 0), status.get("VmHWM", 0))
+                names[pid] = _cmdline(pid).split(" ", 1)[0]
                 worker_anon = max(worker_anon, status.get("RssAnon", 0))
                 worker_file = max(worker_file, status.get("RssFile", 0))
         tree_peak = max(tree_peak, total)
@@ -283,6 +285,7 @@ def measure(run: str, args: argparse.Namespace) -> dict:
         "anon_peak": anon_peak,
         "worker_anon_peak": worker_anon,
         "worker_file_peak": worker_file,
+        "workers": sorted(([names[pid], peak] for pid, peak in hwm.items()), key=lambda x: -x[1])[:6],
         "worker_peak": worker_peak,
         "tree_peak": tree_peak,
     }
@@ -303,6 +306,8 @@ def _phase_lines(r: dict) -> str:
             f"    ray workers: RssAnon peak {r['worker_anon_peak'] / mb:.0f} MB, RssFile peak "
             f"{r['worker_file_peak'] / mb:.0f} MB"
         )
+        for name, peak in r.get("workers", []):
+            lines.append(f"      {name[:48]:48} VmHWM {peak / mb:6.0f} MB")
     return "\n".join(lines)
 
 
