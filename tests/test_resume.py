@@ -175,7 +175,7 @@ def _committed(output: Path) -> int:
 def test_kill_9_at_random_moments(tmp_path, tiny_model, suffix, extra):
     rng = random.Random(1234)
     # Enough lines for several commits between start-up and the end of the build.
-    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(1200, seed=9))
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(4000, seed=9))
     output = tmp_path / ("c" + suffix)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = _command(corpus, output, tiny_model, extra)
@@ -198,7 +198,7 @@ def test_kill_9_at_random_moments(tmp_path, tiny_model, suffix, extra):
             deadline = time.monotonic() + 60
             while _committed(output) <= before and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)  # until this run has committed something of its own
-            time.sleep(rng.uniform(0.0, 0.1) * whole_run)
+            time.sleep(rng.uniform(0.0, 0.05) * whole_run)
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills += 1
