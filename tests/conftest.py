@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -147,3 +150,18 @@ def pytest_configure(config):
                 f"ELMO_CACHE_REQUIRED_MODULES names {name.strip()!r}, which cannot be imported ({exc}); "
                 "its tests would be skipped"
             ) from None
+
+
+@pytest.fixture()
+def file_server(tmp_path):
+    """An HTTP server on the loopback for the files under ``tmp_path / "www"``: yields (root, base URL)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()

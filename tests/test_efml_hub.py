@@ -4,14 +4,11 @@ interface serves archives of tiny generated models; pooch downloads them as it w
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import http.server
 import io
 import re
 import socket
 import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
@@ -28,18 +25,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture
-def server(tmp_path):
-    """An HTTP server for the files under ``tmp_path / "www"``; yields its root and base URL."""
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+def server(file_server):
+    """The loopback file server (tests/conftest.py): its root folder and base URL."""
+    return file_server
 
 
 @pytest.fixture

@@ -3,10 +3,7 @@ the files; pooch downloads them as it would from AllenAI's server."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,18 +18,10 @@ def sha256(path: Path) -> str:
 
 
 @pytest.fixture
-def server(tmp_path):
-    """An HTTP server for the files under ``tmp_path / "www"``; yields its base URL."""
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}/models/elmo"
-    httpd.shutdown()
-    httpd.server_close()
+def server(file_server):
+    """The loopback file server (tests/conftest.py): its root folder and the published models' base URL."""
+    root, base = file_server
+    return root, f"{base}/models/elmo"
 
 
 @pytest.fixture
