@@ -15,6 +15,7 @@ model saw in training than zeros.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import warnings
@@ -198,13 +199,11 @@ class Encoder:
             DeprecationWarning,
             stacklevel=2,
         )
-        files = sources.ModelFiles(
-            name or Path(weight_file).stem,
-            Path(options_file),
-            Path(weight_file),
-            "files",
-            directory=None if directory is None else Path(directory),
-        )
+        files = sources.resolve((options_file, weight_file))
+        if name is not None or directory is not None:
+            files = dataclasses.replace(
+                files, name=name or files.name, directory=None if directory is None else Path(directory)
+            )
         return cls.load(files, **kwargs)
 
     # ----------------------------------------------------------------- identity

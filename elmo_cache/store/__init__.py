@@ -82,9 +82,8 @@ __all__ = [
 ]
 
 
-def container(format: str) -> Container:
-    """The container called ``format`` (see :func:`container_names`)."""
-    return get_container(format)
+container = get_container
+"""The container called ``format`` (the registry's :func:`get_container` under the store's name)."""
 
 
 def writer_class(format: str) -> type[Writer]:

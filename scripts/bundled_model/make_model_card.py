@@ -187,7 +187,7 @@ def _probe_lines(probes: dict) -> list[str]:
         "whose glosses are ~1.6M of the 6.6M training tokens: the model has read these sentences (never their "
         "sense or part-of-speech labels), so a model that has not may score lower.",
         "",
-        f"Word sense by 1-nearest-neighbour over sense means (the ELMo paper's WSD probe; {wsd_counts(probes)}):",
+        f"Word sense by 1-nearest-neighbour over sense means (the ELMo paper's WSD probe; {_wsd_counts(probes)}):",
         "",
         "| vectors | layer 0 | layer 1 | layer 2 |",
         "|---|---|---|---|",
@@ -223,7 +223,7 @@ def _probe_lines(probes: dict) -> list[str]:
     return lines
 
 
-def wsd_counts(probes: dict) -> str:
+def _wsd_counts(probes: dict) -> str:
     counts = probes.get("wsd_counts") or {}
     parts = [f"{counts[k]:,} {k.replace('_', ' ')}" for k in ("train", "test") if isinstance(counts.get(k), int)]
     return ", ".join(parts) or "WordNet examples"
