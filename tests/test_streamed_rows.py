@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from elmo_cache.builder._rowsink import FRAGMENTS_DIR, RowSink, file_range, fragment_path
-from elmo_cache.store import Layout
+from elmo_cache.store import Layout, _zarr_write
 from elmo_cache.store import zarr as zarr_store
 from elmo_cache.store._staging import array_blocks
 from elmo_cache.store._vectorsfile import VectorsFileStream, copy_rows
@@ -50,7 +50,7 @@ def test_stream_writes_the_file_write_vectors_file_writes(tmp_path, compression,
         got = stream.finish()
     assert got == want
     assert spools(tmp_path / "b") == []
-    for name in (zarr_store.vectors_file_path(Path(), lay, k), zarr_store._sums_path(Path(), k)):
+    for name in (zarr_store.vectors_file_path(Path(), lay, k), _zarr_write._sums_path(Path(), k)):
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes()
 
 

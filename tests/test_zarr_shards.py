@@ -11,7 +11,7 @@ import pytest
 
 import elmo_cache
 from elmo_cache import store
-from elmo_cache.store import Layout, Progress
+from elmo_cache.store import Layout, Progress, _zarr_maps
 from elmo_cache.store import zarr as zarr_store
 from elmo_cache.store.format import staging_path
 from elmo_cache.verify import verify
@@ -160,7 +160,7 @@ def test_a_damaged_shard_index_is_found_by_open(tmp_path):
 
 def test_more_files_than_the_mapping_limit(tmp_path, monkeypatch):
     """Files beyond the LRU's bound are unmapped and mapped again as needed; no descriptor leaks."""
-    monkeypatch.setattr(zarr_store, "_max_open_maps", lambda: 4)
+    monkeypatch.setattr(_zarr_maps, "_max_open_maps", lambda: 4)
     sentences = _sentences(40, seed=9)
     output = finish(write(tmp_path / "c.zarr", sentences, layout()))
     before = len(os.listdir("/proc/self/fd"))
@@ -171,5 +171,5 @@ def test_more_files_than_the_mapping_limit(tmp_path, monkeypatch):
                 np.testing.assert_array_equal(cache[i], expected.transpose(1, 0, 2))
             assert len(cache._vectors._maps) == 4
             # Each array holds at most 4 mappings (one descriptor each before Python 3.13).
-            assert len(os.listdir("/proc/self/fd")) - before <= (0 if zarr_store._MAP_OPTIONS else 4 * 7)
-    assert len(os.listdir("/proc/self/fd")) <= before + (0 if zarr_store._MAP_OPTIONS else 4 * 7)
+            assert len(os.listdir("/proc/self/fd")) - before <= (0 if _zarr_maps._MAP_OPTIONS else 4 * 7)
+    assert len(os.listdir("/proc/self/fd")) <= before + (0 if _zarr_maps._MAP_OPTIONS else 4 * 7)

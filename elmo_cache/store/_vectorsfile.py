@@ -21,8 +21,7 @@ import numpy as np
 
 from elmo_cache.store._blocksums import BlockSummer, write_sums_file
 from elmo_cache.store._staging import Layout
-from elmo_cache.store.format import BUILD_DIR, checksum
-from elmo_cache.store.zarr import (
+from elmo_cache.store._zarr_write import (
     _file_geometry,
     _publish,
     _shard_index,
@@ -30,6 +29,7 @@ from elmo_cache.store.zarr import (
     vectors_file_path,
     write_vectors_file,
 )
+from elmo_cache.store.format import BUILD_DIR, checksum
 
 __all__ = ["VectorsFileStream", "copy_rows"]
 
