@@ -18,6 +18,12 @@ are not UTF-8 stop the build with the line number (or become U+FFFD with
 --errors replace); a line over 64 MiB is refused. Long lines and tokens are fine.
 
 \b
+Tokens with spaces inside (pre-tokenised text): --input-format tsv reads one
+sentence per line with tab-separated tokens, kept exactly as written;
+--input-format conllu reads CoNLL-U (the FORM column, one sentence per block;
+multiword ranges and empty nodes skipped). Look such sentences up by token list.
+
+\b
 Interrupted (Ctrl-C, kill -9, a bad line)? Run the same command again: it resumes
 from the last commit and ends with the same cache. --overwrite starts from scratch.
 """
@@ -75,6 +81,12 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--errors", default="strict", show_default=True, help="Invalid UTF-8: strict (stop, naming the line) or replace."
 )
 @click.option(
+    "--input-format",
+    default="lines",
+    show_default=True,
+    help="lines (whitespace-split), tsv (tab-separated tokens, spaces kept) or conllu (FORM column).",
+)
+@click.option(
     "--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over."
 )
 @click.option(
@@ -127,6 +139,7 @@ def build_command(
     batch_tokens: int | None,
     window_batches: int,
     errors: str,
+    input_format: str,
     overwrite: bool,
     engine: str,
     address: str | None,
@@ -162,11 +175,12 @@ def build_command(
         batch_tokens=batch_tokens,
         window_batches=window_batches,
         errors=errors,
+        input_format=input_format,
         overwrite=overwrite,
         progress=not no_progress,
         commit_seconds=commit_seconds,
     )
-    source = Corpus(corpus, errors=errors)
+    source = Corpus(corpus, errors=errors, input_format=input_format)
     click.echo(f"building {resolve_output(source, options)}", err=True)  # said before the model loads
     try:
         summary = build(source, options, engine=engine, address=address, workers=workers)

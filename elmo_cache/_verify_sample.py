@@ -15,6 +15,7 @@ from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import model_differences
 from elmo_cache.selection import Selection
 from elmo_cache.store.format import TEXT_ENCODING
+from elmo_cache.text.tokenize import split_key
 
 if TYPE_CHECKING:
     from elmo_cache.encoder import Encoder
@@ -45,7 +46,7 @@ def _expected(reference: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
 def sampled_tokens(texts: list[bytes], lengths: np.ndarray, sample: int, seed: int) -> dict[int, list[str]]:
     """The tokens of ``sample`` random non-empty sentences, from the stored text."""
     chosen = choose(lengths, sample, seed)
-    return {i: texts[i].decode(*TEXT_ENCODING).split(" ") for i in sorted(chosen)}
+    return {i: split_key(texts[i].decode(*TEXT_ENCODING)) for i in sorted(chosen)}
 
 
 def choose(lengths: np.ndarray, sample: int, seed: int) -> set[int]:

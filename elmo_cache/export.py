@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,20 +55,32 @@ class ExportSummary:
         return f"wrote {self.path}: {self.n_sentences:,} sentences in the allennlp layout, {index}"
 
 
+def _sentences_as_text(source: Corpus) -> Iterator[tuple[int, str, int]]:
+    """``(number, text, token count)`` of each sentence: the line itself for whitespace-split input (allennlp's
+    key), the tokens joined by spaces for pre-tokenised input."""
+    if source.input_format == "lines":
+        for number, text in source.lines():
+            text = text.lstrip("\ufeff")
+            yield number, text.strip(), len(text.split())
+    else:
+        for number, tokens in source.sentences():
+            yield number, " ".join(tokens), len(tokens)
+
+
 def _sentence_to_index(source: Corpus, lengths: np.ndarray) -> dict[str, str]:
     mapping: dict[str, str] = {}
     count = 0
-    for number, text in source.lines():
+    for number, text, n_tokens in _sentences_as_text(source):
         count = number + 1
         if number >= len(lengths):
             continue
-        text = text.lstrip("\ufeff")
-        if len(text.split()) != lengths[number]:
+        if n_tokens != lengths[number]:
+            unit = "sentence" if source.input_format == "conllu" else "line"
             raise CorpusError(
-                f"{source.name}, line {number + 1}: {len(text.split())} tokens but the cache stores "
+                f"{source.name}, {unit} {number + 1}: {n_tokens} tokens but the cache stores "
                 f"{lengths[number]}; not the corpus this cache was built from"
             )
-        mapping[text.strip()] = str(number)
+        mapping[text] = str(number)
     if count != len(lengths):
         raise CorpusError(
             f"{source.name} has {count} lines but the cache has {len(lengths)} sentences; "
@@ -102,8 +115,7 @@ def export(
         corpus_path: Any = corpus
         mapping = None
         if corpus_path is not None:
-            errors = ((opened.metadata.get("build") or {}).get("args") or {}).get("errors", "strict")
-            mapping = _sentence_to_index(Corpus(corpus_path, errors=errors), lengths)
+            mapping = _sentence_to_index(Corpus.as_built(corpus_path, opened.metadata), lengths)
         elif opened.stores_tokens:
             mapping = {" ".join(opened.tokens(i)): str(i) for i in range(len(opened))}
         tmp = output.with_name(output.name + ".tmp")

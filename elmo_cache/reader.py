@@ -35,7 +35,7 @@ from elmo_cache.store.format import (
     metadata_checksum,
     parse_metadata,
 )
-from elmo_cache.text.tokenize import sentence_hash, tokenize
+from elmo_cache.text.tokenize import is_storable, sentence_hash, sentence_key, split_key, tokenize
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
 
@@ -336,6 +336,8 @@ class Cache:
         tokens = tokenize(sentence) if isinstance(sentence, str) else list(sentence)
         if not all(isinstance(t, str) for t in tokens):
             raise InvalidParameterError("sentence: expected a string or a list of string tokens")
+        if not is_storable(tokens):
+            return None  # no cache holds a token with a newline
         value = np.uint64(sentence_hash(tokens))
         hashes, guards = self._hashes, self._guards
         if "index/hashes" in guards:
@@ -353,7 +355,7 @@ class Cache:
         self._touch("lengths", row, row + 1)
         if self._length_at(row) != len(tokens):
             return None  # a hash collision with a different sentence
-        if self.stores_tokens and self._text(row) != " ".join(tokens).encode(*TEXT_ENCODING):
+        if self.stores_tokens and self._text(row) != sentence_key(tokens).encode(*TEXT_ENCODING):
             return None  # a hash collision with a sentence of the same length
         return row
 
@@ -386,7 +388,7 @@ class Cache:
                 "elmo-cache to read sentences back as text (or read them from its corpus)"
             )
         text = self._text(self._position(i)).decode(*TEXT_ENCODING)
-        return text.split(" ") if text else []
+        return split_key(text)
 
     def get(self, sentence: str | Sequence[str], default: Any = None) -> np.ndarray | None:
         """The vectors of ``sentence`` (text or token list), or ``default`` (None) when it is not cached.

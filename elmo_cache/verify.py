@@ -33,7 +33,7 @@ from elmo_cache.store.format import (
     metadata_checksum,
 )
 from elmo_cache.text.corpus import Corpus
-from elmo_cache.text.tokenize import sentence_hash
+from elmo_cache.text.tokenize import sentence_hash, sentence_key, split_key
 
 if TYPE_CHECKING:
     from elmo_cache.encoder import Encoder
@@ -128,7 +128,7 @@ def verify(
         if corpus is not None:
             report.corpus = str(corpus)
             tokens = _check_corpus(
-                Corpus(corpus, errors=((meta.get("build") or {}).get("args") or {}).get("errors", "strict")),
+                Corpus.as_built(corpus, meta),
                 meta,
                 arrays,
                 report,
@@ -288,10 +288,10 @@ def _check_tokens(
         except UnicodeDecodeError as exc:
             problems.append(f"tokens/bytes: sentence {i} is not valid UTF-8 ({exc.reason})")
             return None
-        tokens = sentence.split(" ") if sentence else []
-        if len(tokens) != lengths[i] or (tokens and sentence.split() != tokens):
+        tokens = split_key(sentence)
+        if len(tokens) != lengths[i] or sentence_key(tokens) != sentence:
             problems.append(
-                f"tokens/bytes: sentence {i} holds {len(sentence.split())} tokens {sentence[:80]!r}, "
+                f"tokens/bytes: sentence {i} holds {len(tokens)} tokens {sentence[:80]!r}, "
                 f"array lengths says {lengths[i]}"
             )
             return None

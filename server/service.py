@@ -111,8 +111,9 @@ class EmbedService:
             raise InvalidParameterError(selection.unavailable_message(self.stored))
         return selection
 
-    def tokenize_all(self, sentences: Sequence[str]) -> list[list[str]]:
-        """Tokenise as ``build`` does and enforce the size limits (:class:`LimitExceededError`)."""
+    def tokenize_all(self, sentences: Sequence[str | Sequence[str]]) -> list[list[str]]:
+        """Tokenise texts as ``build`` does (token lists are taken as they are) and enforce the size limits
+        (:class:`LimitExceededError`)."""
         limit = self.settings.max_sentences_per_request
         if len(sentences) > limit:
             raise LimitExceededError(
@@ -120,7 +121,7 @@ class EmbedService:
                 "(max_sentences_per_request); split the request",
                 code="too_many_sentences",
             )
-        token_lists = [tokenize(sentence) for sentence in sentences]
+        token_lists = [tokenize(sentence) if isinstance(sentence, str) else list(sentence) for sentence in sentences]
         limit = self.settings.max_tokens_per_sentence
         for i, tokens in enumerate(token_lists):
             if len(tokens) > limit:

@@ -187,6 +187,26 @@ def test_empty_lines_keep_their_rows(tiny_model, tmp_path, lines):
     assert_same_cache(output, reference)
 
 
+def test_pre_tokenised_input_gives_the_local_cache(tiny_model, tmp_path):
+    # CoNLL-U with tokens holding spaces: the driver reads it, the parts store the tokens as given.
+    blocks = [
+        f"# sent_id = {i}\n"
+        + "".join(
+            f"{k + 1}\t{word}\t_\t_\t_\t_\t_\t_\t_\t_\n" for k, word in enumerate(line.split()[:6] + ["New York"])
+        )
+        for i, line in enumerate(corpus_lines(300, seed=5))
+    ]
+    corpus = tmp_path / "ud.conllu"
+    corpus.write_text("\n".join(blocks) + "\n", encoding="utf-8")
+    output, reference = tmp_path / "ud.zarr", tmp_path / "ud-ref.zarr"
+    summary = run(corpus, options(tiny_model, output, input_format="conllu", batch_tokens=256))
+    assert summary.n_sentences == 300
+    build(corpus, options(tiny_model, reference, input_format="conllu", batch_tokens=256))
+    assert_same_cache(output, reference)
+    with elmo_cache.open(output) as cache:
+        assert cache.tokens(7)[-1] == "New York" and cache.metadata["tokenization"] == "conllu"
+
+
 def test_cli_engine_ray(tiny_model, corpus, tmp_path):
     """Another layout through the CLI: layers 1,2 in float16, no dedupe, the default parts (4 per worker)."""
     from click.testing import CliRunner

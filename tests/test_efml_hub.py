@@ -18,7 +18,7 @@ import pytest
 from elmo_cache import Encoder
 from elmo_cache.errors import ModelDownloadError, ModelNotFoundError
 from elmo_cache.model import efml, efml_hub, sources
-from tests.test_efml import write_model
+from tests.efml_fixtures import write_model
 
 SENTENCE = ["我们", "是", "中文", "。", "cat"]
 README = Path(__file__).resolve().parents[1] / "README.md"

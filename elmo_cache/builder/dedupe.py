@@ -18,6 +18,7 @@ import numpy as np
 
 from elmo_cache.builder._diskruns import RECORD, DiskRun, merge_runs, write_run
 from elmo_cache.store.format import TEXT_ENCODING
+from elmo_cache.text.tokenize import sentence_key
 
 __all__ = ["SeenSentences", "assign_rows", "check_hashes", "check_hashes_of_keys"]
 
@@ -31,8 +32,8 @@ def check_hashes_of_keys(keys: Iterable[bytes]) -> np.ndarray:
 
 
 def check_hashes(token_lists: Sequence[Sequence[str]]) -> np.ndarray:
-    """The dedupe check hash of each sentence (its tokens joined by one space, as stored)."""
-    return check_hashes_of_keys(" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists)
+    """The dedupe check hash of each sentence (of its key, as stored)."""
+    return check_hashes_of_keys(sentence_key(tokens).encode(*TEXT_ENCODING) for tokens in token_lists)
 
 
 MEMORY_ITEMS = 1 << 22

@@ -51,6 +51,7 @@ from elmo_cache.builder.plan import (
     identity,
     make_plan,
     metadata,
+    open_corpus,
     options_json,
     prepare_output,
 )
@@ -277,7 +278,7 @@ def build_distributed(
     that did not finish. zarr output only. Raises what ``build`` raises.
     """
     options = options or BuildOptions()
-    source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
+    source = open_corpus(corpus, options)
     plan = make_plan(source, options)
     if not get_container(plan.format).parallel_writers:
         able = [c.name for c in containers() if c.parallel_writers]

@@ -25,7 +25,7 @@ from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._staging import RawColumn, atomic_write_json, encode_tokens, fsync_path
 from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.corpus import Corpus
-from elmo_cache.text.tokenize import sentence_hash
+from elmo_cache.text.tokenize import sentence_hash, split_key
 
 __all__ = ["FirstPass", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature"]
 
@@ -94,7 +94,7 @@ class FirstPass:
         for end in ends.tolist():
             key = raw[start - base : end - base].decode(*TEXT_ENCODING)
             start = end
-            tokens.append(key.split(" ") if key else [])  # tokens never hold whitespace (FORMAT.md)
+            tokens.append(split_key(key))
         window = Window(
             first, tokens, self._range("hashes", first, first + count), self._range("lengths", first, first + count)
         )

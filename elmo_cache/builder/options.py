@@ -56,6 +56,10 @@ class BuildOptions:
     window_batches: int = 8
     # Bytes that are not UTF-8: "strict" (CorpusError naming the line) or "replace" (U+FFFD).
     errors: str = "strict"
+    # How the corpus holds sentences: "lines" (whitespace-split lines), "tsv" (tab-separated tokens,
+    # kept exactly, spaces included) or "conllu" (the FORM column, a sentence per block); see
+    # elmo_cache.text.formats.
+    input_format: str = "lines"
     # Discard any existing cache or interrupted build at the output and start from scratch.
     overwrite: bool = False
     # Show a progress bar on stderr.

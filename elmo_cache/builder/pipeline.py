@@ -39,7 +39,7 @@ from elmo_cache.builder.encoding import (
     encoder_for,
 )
 from elmo_cache.builder.options import ENGINES, BuildOptions, BuildSummary, disk_bytes
-from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, options_json, prepare_output
+from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, open_corpus, options_json, prepare_output
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import Layout, Progress, Writer, writer_class
 from elmo_cache.store.lock import output_lock
@@ -236,7 +236,7 @@ def build(
         return build_distributed(corpus, options, address=address, workers=workers)
     if address is not None or workers is not None:
         raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
-    source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
+    source = open_corpus(corpus, options)
     plan = make_plan(source, options)
     with output_lock(plan.output):
         return _build_locked(source, plan, options, encoder)
@@ -338,7 +338,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, wr
     if options.progress:
         from tqdm import tqdm
 
-        total = source.count_lines() if source.is_regular_file else None
+        total = source.count_sentences() if source.is_regular_file else None
         bar = tqdm(
             total=total,
             initial=progress.lines,

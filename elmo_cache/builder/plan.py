@@ -23,8 +23,18 @@ from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.selection import MixSpec, Selection
 from elmo_cache.store import Progress, container_at, infer_format, load_progress, read_metadata, remove_output
 from elmo_cache.store.container import container_names, get_container
-from elmo_cache.store.format import BUILD_DIR, FORMAT_NAME, FORMAT_VERSION, SENTENCE_HASH, TOKENIZATION, staging_path
+from elmo_cache.store.format import (
+    BUILD_DIR,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SENTENCE_HASH,
+    TOKEN_LIST_FORMAT_VERSION,
+    TOKENIZATION,
+    TOKENIZATIONS,
+    staging_path,
+)
 from elmo_cache.text.corpus import Corpus
+from elmo_cache.text.formats import check_input_format
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -37,6 +47,7 @@ __all__ = [
     "default_shard_rows",
     "default_output",
     "make_plan",
+    "open_corpus",
     "resolve_output",
     "identity",
     "differences",
@@ -138,6 +149,8 @@ class Plan:
     compression: str | None
     # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
     shard_rows: int | None = None
+    # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
+    input_format: str = "lines"
 
     def row_shape(self, dim: int) -> tuple[int, ...]:
         return self.selection.row_shape(dim)
@@ -203,13 +216,26 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
     if options.commit_seconds < 0:
         raise InvalidParameterError(f"commit_seconds: must be >= 0, got {options.commit_seconds}")
-    return Plan(output, fmt, selection, "float16" if options.fp16 else "float32", chunk_rows, compression, shard_rows)
+    check_input_format(options.input_format)
+    if source.input_format != options.input_format:
+        raise InvalidParameterError(
+            f"input_format: the options say {options.input_format!r} but the corpus given was opened as "
+            f"{source.input_format!r}; open it with Corpus(..., input_format={options.input_format!r})"
+        )
+    dtype = "float16" if options.fp16 else "float32"
+    return Plan(output, fmt, selection, dtype, chunk_rows, compression, shard_rows, options.input_format)
+
+
+def open_corpus(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Corpus:
+    """``corpus`` as a :class:`Corpus` read the way ``options`` say (a Corpus is taken as it is)."""
+    if isinstance(corpus, Corpus):
+        return corpus
+    return Corpus(corpus, errors=options.errors, input_format=options.input_format)
 
 
 def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Path:
     """The path ``build(corpus, options)`` will write (validating the options on the way)."""
-    source = corpus if isinstance(corpus, Corpus) else Corpus(corpus, errors=options.errors)
-    return make_plan(source, options).output
+    return make_plan(open_corpus(corpus, options), options).output
 
 
 def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) -> dict[str, Any]:
@@ -227,7 +253,7 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) ->
         "chunk_rows": plan.chunk_rows,
         "shard_rows": plan.shard_rows,
         "model": dict(model),
-        "tokenization": TOKENIZATION,
+        "tokenization": TOKENIZATIONS[plan.input_format],
         "sentence_hash": SENTENCE_HASH,
     }
 
@@ -257,7 +283,7 @@ def metadata(
     """The cache metadata of FORMAT.md for a build at ``progress``."""
     meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if identity["tokenization"] == TOKENIZATION else TOKEN_LIST_FORMAT_VERSION,
         "complete": complete,
         **{k: v for k, v in identity.items() if k != "container"},
         "n_sentences": progress.lines,

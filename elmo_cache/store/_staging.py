@@ -23,6 +23,7 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._sort import index_in_memory, sort_index
 from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE, TEXT_ENCODING, staging_path
+from elmo_cache.text.tokenize import sentence_key
 
 # Bytes per read when a staging file is copied or read in pieces.
 _COPY_BLOCK = 16 * 2**20
@@ -45,9 +46,9 @@ __all__ = [
 def encode_tokens(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
     """``tokens/bytes`` of consecutive sentences (uint8) and each sentence's byte count (int64).
 
-    A sentence is stored as its key, the tokens joined by one space (tokens never hold whitespace).
+    A sentence is stored as its key (:func:`elmo_cache.text.tokenize.sentence_key`).
     """
-    keys = [" ".join(tokens).encode(*TEXT_ENCODING) for tokens in token_lists]
+    keys = [sentence_key(tokens).encode(*TEXT_ENCODING) for tokens in token_lists]
     sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
     return np.frombuffer(b"".join(keys), dtype=np.uint8), sizes
 

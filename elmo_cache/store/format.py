@@ -19,6 +19,8 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
+    "TOKEN_LIST_FORMAT_VERSION",
+    "TOKENIZATIONS",
     "ARRAYS",
     "ARRAYS_V1",
     "TOKEN_ARRAYS",
@@ -56,10 +58,14 @@ FORMAT_NAME = "elmo-cache"
 """Value of the metadata key ``format``."""
 
 FORMAT_VERSION = 2
-"""Version this elmo-cache writes."""
+"""Version this elmo-cache writes for whitespace-tokenised input."""
 
-FORMAT_VERSIONS = (1, 2)
-"""Versions this elmo-cache reads (1: no stored tokens, no checksums)."""
+TOKEN_LIST_FORMAT_VERSION = 3
+"""Version written for pre-tokenised input (tsv, CoNLL-U): version 2 whose keys may be token-list keys
+(:func:`elmo_cache.text.tokenize.sentence_key`), which readers of version 2 would split wrongly."""
+
+FORMAT_VERSIONS = (1, 2, 3)
+"""Versions this elmo-cache reads (1: no stored tokens, no checksums; 3: tokens as given by the input)."""
 
 ARRAYS_V1 = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
 """The arrays of a version-1 cache."""
@@ -119,7 +125,11 @@ LAYER_IDS = (0, 1, 2)
 """ELMo's layers: 0 = the char-CNN token vector, 1 and 2 = the LSTM layers."""
 
 TOKENIZATION = "whitespace"
-"""Metadata ``tokenization``: tokens are ``line.split()`` (BOM dropped), see elmo_cache.text.tokenize."""
+"""Metadata ``tokenization`` of a whitespace-split corpus: tokens are ``line.split()`` (BOM dropped), see
+elmo_cache.text.tokenize."""
+
+TOKENIZATIONS = {"lines": TOKENIZATION, "tsv": "tsv", "conllu": "conllu"}
+"""Metadata ``tokenization`` for each input format (elmo_cache.text.formats): how the tokens were read."""
 
 SENTENCE_HASH = "blake2b-64-le"
 """Metadata ``sentence_hash``: the hash the index is sorted by (elmo_cache.text.tokenize.sentence_hash)."""

@@ -1,9 +1,10 @@
-"""Streaming reader for one-sentence-per-line corpora.
+"""Streaming reader for corpora.
 
-A corpus is a text file (``-`` for stdin, gzip read transparently) holding one
-sentence per line, tokens separated by whitespace, as the original ELMo tools
-expect. It is read line by line and never held whole, so its size is bounded by
-the disk, not by memory.
+A corpus is a text file (``-`` for stdin, gzip read transparently) holding, by
+default, one sentence per line, tokens separated by whitespace, as the original ELMo
+tools expect; tab-separated tokens and CoNLL-U are the other input formats
+(:mod:`elmo_cache.text.formats`). It is read line by line and never held whole, so
+its size is bounded by the disk, not by memory.
 
 Defined behaviour for awkward input (documented for users in ``elmo-cache build --help``):
 
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from elmo_cache.errors import CorpusError, InvalidParameterError
+from elmo_cache.text.formats import check_input_format, conllu_sentences, count_conllu, tsv_tokens
 from elmo_cache.text.tokenize import tokenize
 
 __all__ = ["Corpus", "ERRORS", "MAX_LINE_BYTES"]
@@ -62,11 +64,17 @@ class Corpus:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, errors: str = "strict", max_line_bytes: int = MAX_LINE_BYTES
+        self,
+        path: str | os.PathLike[str],
+        *,
+        errors: str = "strict",
+        max_line_bytes: int = MAX_LINE_BYTES,
+        input_format: str = "lines",
     ) -> None:
         if errors not in ERRORS:
             raise InvalidParameterError(f"errors: {errors!r} is not valid; choose from {list(ERRORS)}")
         self.errors = errors
+        self.input_format = check_input_format(input_format)
         self.max_line_bytes = int(max_line_bytes)
         self.is_stdin = str(path) == "-"
         self.path = None if self.is_stdin else Path(path)
@@ -77,6 +85,14 @@ class Corpus:
             if self.path.is_dir():
                 raise CorpusError(f"corpus is a directory, expected a text file: {self.path}")
         self._used_stdin = False
+
+    @classmethod
+    def as_built(cls, path: str | os.PathLike[str], meta: dict[str, object]) -> Corpus:
+        """The corpus at ``path`` read as the build that wrote the cache metadata ``meta`` read its input."""
+        build = meta.get("build")
+        args = build.get("args") if isinstance(build, dict) else None
+        args = args if isinstance(args, dict) else {}
+        return cls(path, errors=str(args.get("errors", "strict")), input_format=str(args.get("input_format", "lines")))
 
     @property
     def is_regular_file(self) -> bool:
@@ -171,9 +187,30 @@ class Corpus:
                 yield number, self.decode(raw, number)
 
     def sentences(self, start: int = 0) -> Iterator[tuple[int, list[str]]]:
-        """``(line_number, tokens)`` pairs; empty lines give empty token lists."""
-        for number, text in self.lines(start):
-            yield number, tokenize(text)
+        """``(sentence_number, tokens)`` pairs from sentence ``start`` on, as the input format splits them.
+
+        For ``lines`` and ``tsv`` the sentence number is the line number and empty lines give empty
+        token lists; for ``conllu`` it counts the blocks.
+        """
+        if self.input_format == "conllu":
+            yield from conllu_sentences(self.raw_lines(), self.decode, self.name, start)
+        elif self.input_format == "tsv":
+            for number, text in self.lines(start):
+                yield number, tsv_tokens(text, self.name, number)
+        else:
+            for number, text in self.lines(start):
+                yield number, tokenize(text)
+
+    def count_sentences(self) -> int | None:
+        """Number of sentences (lines, or CoNLL-U blocks), by a scan that decodes nothing; None for pipes."""
+        if self.input_format != "conllu":
+            return self.count_lines()
+        if not self.is_regular_file:
+            return None
+        try:
+            return count_conllu(self.raw_lines())
+        except CorpusError:
+            return None  # the real pass reports the damage with its line number
 
     def count_lines(self) -> int | None:
         """Number of sentences, by a fast byte scan; ``None`` for stdin or pipes."""

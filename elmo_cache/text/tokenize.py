@@ -1,9 +1,21 @@
 """Tokenisation and sentence identity, shared by build, reader and server.
 
 elmo-cache follows the original tools: a sentence is one line and its tokens are
-separated by whitespace. A sentence's *key* is its tokens joined by single spaces,
-so ``"a  b"`` and ``"a b"`` are the same sentence; its *hash* is the first 8 bytes
-of BLAKE2b over the UTF-8 key, read little-endian as an unsigned 64-bit integer.
+separated by whitespace. Pre-tokenised input (``--input-format tsv|conllu``) may
+hold tokens with spaces inside (Vietnamese syllables, "New York"); a sentence is
+then its token list exactly as given.
+
+A sentence's *key* is one string that tells token lists apart:
+
+* tokens without whitespace (every whitespace-split line): the tokens joined by
+  single spaces, so ``"a  b"`` and ``"a b"`` are the same sentence;
+* otherwise (a token holds whitespace, or is empty): a newline, then the tokens
+  joined by newlines. No key of the first kind holds a newline, so the two kinds
+  never meet, and caches built before token lists existed keep their keys.
+
+A token may not hold a newline (no input format can carry one). Its *hash* is the
+first 8 bytes of BLAKE2b over the UTF-8 key, read little-endian as an unsigned
+64-bit integer.
 """
 
 from __future__ import annotations
@@ -11,7 +23,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-__all__ = ["tokenize", "sentence_key", "sentence_hash"]
+__all__ = ["tokenize", "sentence_key", "sentence_hash", "split_key", "is_storable", "has_plain_tokens"]
+
+# Starts a key whose tokens are joined by newlines (a plain key never holds a newline).
+_LISTED = "\n"
 
 
 def tokenize(sentence: str) -> list[str]:
@@ -19,10 +34,32 @@ def tokenize(sentence: str) -> list[str]:
     return sentence.lstrip("\ufeff").split()
 
 
+def has_plain_tokens(tokens: Sequence[str]) -> bool:
+    """Whether every token is non-empty and free of whitespace (what ``tokenize`` can give)."""
+    tokens = list(tokens)
+    # One join and one split in C: an empty token or one holding whitespace changes the split.
+    return " ".join(tokens).split() == tokens
+
+
+def is_storable(tokens: Sequence[str]) -> bool:
+    """Whether a cache can hold this token list: no token holds a newline."""
+    return not any("\n" in token for token in tokens)
+
+
 def sentence_key(sentence: str | Sequence[str]) -> str:
-    """The canonical text of a sentence: tokens joined by one space."""
+    """The canonical text of a sentence (see the module docstring): plain tokens joined by one space."""
     tokens = tokenize(sentence) if isinstance(sentence, str) else list(sentence)
-    return " ".join(tokens)
+    plain = " ".join(tokens)
+    if plain.split() == tokens:
+        return plain
+    return _LISTED + _LISTED.join(tokens)
+
+
+def split_key(key: str) -> list[str]:
+    """The token list of a stored key (the inverse of :func:`sentence_key`)."""
+    if key.startswith(_LISTED):
+        return key[1:].split(_LISTED)
+    return key.split(" ") if key else []
 
 
 def sentence_hash(sentence: str | Sequence[str]) -> int:

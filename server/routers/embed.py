@@ -59,6 +59,9 @@ def _integral(value: Any) -> Any:
 _LayerId = Annotated[int, Field(strict=True, ge=0, le=2), BeforeValidator(_integral)]
 _LayersStr = Annotated[str, Field(pattern=LAYERS_PATTERN)]
 _LayersList = Annotated[list[_LayerId], Field(min_length=1)]
+# A token of a token list: not empty and without a newline, which no cache can store (elmo_cache.text.tokenize).
+_Token = Annotated[str, Field(min_length=1, pattern=r"^[^\n]+$")]
+_TokenList = list[_Token]
 _MixStr = Annotated[str, Field(pattern=MIX_PATTERN)]
 _MixList = Annotated[list[_Weight], Field(min_length=3, max_length=3)]
 _FORMAT_DOC = (
@@ -72,7 +75,9 @@ class EmbedResult(BaseModel):
     """One sentence's answer (JSON and base64 formats)."""
 
     source: Literal["cache", "live"] = Field(description="`cache` when read from the store, `live` when encoded now")
-    tokens: list[str] = Field(description="the sentence's tokens (whitespace split, as `build` does)")
+    tokens: list[str] = Field(
+        description="the sentence's tokens (a text is split on whitespace, as `build` does; a token list is as given)"
+    )
     shape: list[int] = Field(description="(n_layers, n_tokens, dim) for layers, (n_tokens, dim) for a mix")
     dtype: str = Field(description="`float32` or `float16` (the cache's dtype; float32 without a cache)")
     vectors: list[Any] | None = Field(None, description="nested lists of numbers (format `json`)")
@@ -102,8 +107,10 @@ class EmbedRequest(BaseModel):
         },
     )
 
-    sentences: list[str] = Field(
-        min_length=1, description="sentences, each tokenised on whitespace (limits: see `GET /info`)"
+    sentences: list[str | _TokenList] = Field(
+        min_length=1,
+        description="sentences: each a text, split on whitespace, or a list of tokens taken as they are (tokens "
+        "with spaces inside, as `build --input-format tsv|conllu` stores them). Limits: see `GET /info`",
     )
     layers: _LayersStr | _LayersList | None = Field(None, description=_LAYERS_DOC)
     # Not nullable: `gamma`/`softmax` require the key `mix`, which must then hold a mix.
