@@ -9,7 +9,7 @@ is WordNet's ``wndb(5WN)``; the files come from Debian's wordnet-base package::
     # then pass --wordnet DIR/usr/share/wordnet
 
 Examples are tokenised as the bundled model's training text was (PTB-style, by
-``scripts/bundled_model/build_corpus.py``), then split on whitespace as ``build`` and ``serve``
+``scripts/bundled_model/build_corpus.py``, whose rules are in ``_ptb_text.py``), then split on whitespace as ``build`` and ``serve``
 split every line (``elmo_cache.text.tokenize``), so a probe sees the tokens a cache would hold.
 """
 
@@ -175,7 +175,8 @@ def locate(tokens: Iterable[str], forms: set[str]) -> int | None:
     return None
 
 
-_CORPUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bundled_model" / "build_corpus.py"
+# build_corpus.py's text rules (clean, split, tokenise), in their own module beside it.
+_CORPUS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bundled_model" / "_ptb_text.py"
 _tokenizer: Callable[[str], list[str]] | None = None
 
 
@@ -183,7 +184,7 @@ def _corpus_tokenizer() -> Callable[[str], list[str]]:
     """``clean`` + ``tokenize`` of the script that made the bundled model's corpus (loaded once)."""
     global _tokenizer
     if _tokenizer is None:
-        spec = importlib.util.spec_from_file_location("_elmo_build_corpus", _CORPUS_SCRIPT)
+        spec = importlib.util.spec_from_file_location("_elmo_ptb_text", _CORPUS_SCRIPT)
         if spec is None or spec.loader is None or not _CORPUS_SCRIPT.is_file():
             raise FileNotFoundError(f"{_CORPUS_SCRIPT} is missing: run the probes from a checkout of the repository")
         module = importlib.util.module_from_spec(spec)

@@ -25,6 +25,7 @@ def _load():
 
 
 nb = _load()
+models = sys.modules["_ngram_models"]  # the script's models module, imported beside it
 BOS, EOS, UNK = nb.BOS_ID, nb.EOS_ID, nb.UNK_ID
 
 
@@ -207,12 +208,12 @@ def test_oov_mapping(tmp_path):
 
 
 def test_discounts_by_hand():
-    d, fb = nb.kn_discounts(10, 4, 2, 1)  # Y = 10/18
+    d, fb = models.kn_discounts(10, 4, 2, 1)  # Y = 10/18
     assert not fb
     assert d == pytest.approx((5 / 9, 7 / 6, 17 / 9))
-    assert nb.kn_discounts(5, 0, 1, 1) == (nb.FALLBACK_DISCOUNTS, True)
-    assert nb.kn_discounts(1, 1, 10, 1)[1]  # D2 = 2 - 3 (1/3) 10 < 0: fallback
-    assert nb.kn_discounts(7, 3, 2, 1)[0][0] == pytest.approx(7 / 13)  # D1 = Y
+    assert models.kn_discounts(5, 0, 1, 1) == (models.FALLBACK_DISCOUNTS, True)
+    assert models.kn_discounts(1, 1, 10, 1)[1]  # D2 = 2 - 3 (1/3) 10 < 0: fallback
+    assert models.kn_discounts(7, 3, 2, 1)[0][0] == pytest.approx(7 / 13)  # D1 = Y
 
     # One-word sentences: a x1, b x2, c x3, d x4. Bigram counts (<S> w) = (w </S>) = 1, 2, 3, 4,
     # so n1..n4 = 2 each: Y = 1/3, D1 = 1/3, D2 = 1, D3+ = 5/3.
