@@ -9,8 +9,9 @@ is WordNet's ``wndb(5WN)``; the files come from Debian's wordnet-base package::
     # then pass --wordnet DIR/usr/share/wordnet
 
 Examples are tokenised as the bundled model's training text was (PTB-style, by
-``scripts/bundled_model/build_corpus.py``, whose rules are in ``_ptb_text.py``), then split on whitespace as ``build`` and ``serve``
-split every line (``elmo_cache.text.tokenize``), so a probe sees the tokens a cache would hold.
+``scripts/bundled_model/build_corpus.py``, whose rules are in ``_ptb_text.py``), then split on
+whitespace as ``build`` and ``serve`` split every line (``elmo_cache.text.tokenize``), so a probe
+sees the tokens a cache would hold.
 """
 
 from __future__ import annotations
