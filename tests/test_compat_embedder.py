@@ -4,11 +4,14 @@ the bilm-tf golden fixture and generated models, and the stateless default."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import requires_cuda
 from reference_elmo import ReferenceElmo
 
 from elmo_cache import Encoder
@@ -210,9 +213,42 @@ def test_bad_input_is_refused_by_name(embedder, call, message):
 def test_bad_model_arguments_are_refused(tiny_model):
     with pytest.raises(InvalidParameterError, match="cuda_device"):
         ElmoEmbedder(*tiny_model, cuda_device=-2)
+    with pytest.raises(InvalidParameterError, match="cuda_device: 64 does not exist"):
+        ElmoEmbedder(*tiny_model, cuda_device=64)
     with pytest.raises(InvalidParameterError, match="options_file and weight_file go together"):
         ElmoEmbedder(tiny_model[0])
     with pytest.raises(ModelNotFoundError, match="download these files and pass their local paths"):
         ElmoEmbedder("https://example.org/my_options.json", "https://example.org/my_weights.hdf5")
     with pytest.raises(ModelNotFoundError):
         ElmoEmbedder(tiny_model[0], tiny_model[1].with_name("missing.hdf5"))
+
+
+def test_readme_migration_example_runs_offline(offline, tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Migrating from allennlp 0.9's `ElmoEmbedder`", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2 and "from elmo_cache.compat import ElmoEmbedder" in blocks[0]
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+    assert capsys.readouterr().out.split("\n") == ["(3, 2, 256)", "(3, 0, 256)", "torch.Size([256])", ""]
+    with h5py.File(tmp_path / "sentences.hdf5", "r") as f:
+        assert set(f.keys()) == {"0", "1", "sentence_to_index"}
+        assert (f["0"].shape, f["1"].shape) == ((3, 4, 256), (3, 2, 256))
+        assert json.loads(f["sentence_to_index"][0]) == {"The cat sat .": "0", "Hello !": "1"}
+
+
+@requires_cuda
+@pytest.mark.parametrize("stateful", [False, True])
+def test_cuda_device_matches_the_cpu(tiny_model, stateful):
+    cpu = ElmoEmbedder(*tiny_model, stateful=stateful)
+    gpu = ElmoEmbedder(*tiny_model, cuda_device=0, stateful=stateful)
+    for batch in (SENTENCES[:3], [SENTENCES[3], []], SENTENCES):
+        activations, mask = gpu.batch_to_embeddings(batch)
+        assert activations.device.type == "cuda" and mask.device.type == "cuda"
+        expected, expected_mask = cpu.batch_to_embeddings(batch)
+        assert torch.equal(mask.cpu(), expected_mask)
+        assert float((activations.cpu() - expected).abs().max()) <= 1e-5
+    for got, expected in zip(gpu.embed_batch(SENTENCES), cpu.embed_batch(SENTENCES)):
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)

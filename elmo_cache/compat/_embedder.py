@@ -54,6 +54,9 @@ class ElmoEmbedder:
     ) -> None:
         if isinstance(cuda_device, bool) or not isinstance(cuda_device, int) or cuda_device < -1:
             raise InvalidParameterError(f"cuda_device: {cuda_device!r}; use -1 for the CPU or a CUDA device number")
+        if cuda_device >= 0 and cuda_device >= torch.cuda.device_count():
+            found = f"{torch.cuda.device_count()} CUDA devices" if torch.cuda.is_available() else "no CUDA here"
+            raise InvalidParameterError(f"cuda_device: {cuda_device} does not exist ({found}); use -1 for the CPU")
         self.cuda_device = cuda_device
         self.stateful = stateful
         device = "cpu" if cuda_device < 0 else f"cuda:{cuda_device}"
