@@ -187,3 +187,13 @@ def test_embed_file_refuses_bad_arguments(tmp_path, embedder):
     with pytest.raises(InvalidParameterError, match="is a directory"):
         embedder.embed_file(source, tmp_path)
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_model_flag_names_a_model_directory(tmp_path, tiny_model, embedder):
+    source = _write(tmp_path / "s.txt", SENTENCES[:2])
+    result = CliRunner().invoke(
+        cli, ["elmo", str(source), str(tmp_path / "o.h5"), "--top", "--model", str(tiny_model[0].parent)]
+    )
+    assert result.exit_code == 0, result.output
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        np.testing.assert_allclose(f["1"][()], embedder.embed_sentence(SENTENCES[1].split())[2], atol=ATOL, rtol=0)
