@@ -33,6 +33,7 @@ def cli() -> None:
 
 def _register() -> None:
     from elmo_cache.cli.build import build_command
+    from elmo_cache.cli.elmo import elmo_command
     from elmo_cache.cli.export import export_command
     from elmo_cache.cli.info import info_command
     from elmo_cache.cli.perplexity import perplexity_command
@@ -48,6 +49,7 @@ def _register() -> None:
         serve_command,
         train_command,
         perplexity_command,
+        elmo_command,
     )
     for command in commands:
         cli.add_command(command)

@@ -75,8 +75,9 @@ class ReferenceElmo:
             m = np.clip(m, -clip, clip)
         return m, c
 
-    def embed(self, tokens: list[str]) -> np.ndarray:
-        """(3, len(tokens), 2P) in float64."""
+    def embed(self, tokens: list[str], state: dict | None = None) -> np.ndarray:
+        """(3, len(tokens), 2P) in float64. ``state``: ``{(layer, direction): (h, c)}`` to start from
+        (zeros where absent), updated in place with the final states, as a row that carries state."""
         lstm = self.opt["lstm"]
         p, d = lstm["projection_dim"], lstm["dim"]
         seq = ["<S>", *tokens, "</S>"]
@@ -87,11 +88,15 @@ class ReferenceElmo:
             outs = {}
             for direction in (0, 1):
                 h, c = np.zeros(p), np.zeros(d)
+                if state is not None:
+                    h, c = state.get((layer, direction), (h, c))
                 out = []
                 for x in inputs[direction]:
                     h, c = self._cell(direction, layer, x, h, c)
                     y = h + x if layer > 0 and lstm.get("use_skip_connections") else h
                     out.append(y)
+                if state is not None:
+                    state[(layer, direction)] = (h, c)
                 outs[direction] = np.stack(out)
             inputs = outs
             layers.append(np.concatenate([outs[0], outs[1][::-1]], axis=1))

@@ -66,10 +66,11 @@ def test_the_readme_python_examples_run_unchanged_offline(tmp_path, bundled_mode
     assert result.exit_code == 0, result.output
     blocks = _readme_python_blocks()
     assert len(blocks) >= 2 and "elmo_cache.open" in blocks[0] and "Encoder.load()" in blocks[1]
+    namespaces: list[dict] = []
     for block in blocks:
-        namespace: dict = {}
-        exec(compile(block, "README.md", "exec"), namespace)
-    assert namespace["ds"][0] is not None and namespace["enc"].name == "bundled"
+        namespaces.append({})
+        exec(compile(block, "README.md", "exec"), namespaces[-1])
+    assert namespaces[1]["ds"][0] is not None and namespaces[1]["enc"].name == "bundled"
 
 
 def test_the_readme_main_job_works_offline(tmp_path, bundled_model, offline):
