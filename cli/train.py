@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from elmo_cache.train.presets import TRAIN_PRESETS
@@ -14,6 +16,17 @@ Writes MODEL_DIR/options.json + weights.hdf5 (the bilm-tf layout: `elmo-cache bu
 `elmo-cache perplexity` or further training) and checkpoint.pt. Interrupted (Ctrl-C,
 kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
 --epochs to continue a finished run.
+
+\b
+Data parallel: --nproc N trains with N processes (torch.distributed: gloo on the
+CPU, NCCL with one GPU each on CUDA). The global batch is --batch-size x N rows;
+each process reads its own --batch-size rows of it; gradients are those of the
+global batch's loss and the learning rate is unchanged: N processes take the steps
+one process with --batch-size x N would. Resume with the same N. Many nodes: run
+this command under torchrun (without --nproc) on every node, e.g.
+  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
+    --rdzv-endpoint HOST:29400 --rdzv-id RUN --no-python elmo-cache train ...
+(docs/TRAINING.md).
 """
 
 
@@ -43,16 +56,24 @@ kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
 )
 @click.option(
     "--init-from",
-    type=click.Path(exists=True, file_okay=False),
     default=None,
-    help="Start from a trained model directory (weights, softmax, vocabulary) with a fresh optimizer.",
+    type=str,
+    help="Start from a model with a fresh optimizer: a directory `train` wrote (weights, softmax and "
+    "vocabulary go on), or any bilm-tf model: a published name, 'bundled', or a directory with "
+    "options and weights only (a fresh softmax over this corpus's vocabulary: domain adaptation).",
 )
 @click.option("--min-count", type=int, default=3, show_default=True, help="Rarer words are <UNK> as targets.")
 @click.option("--max-vocab", type=int, default=None, help="At most this many softmax words.")
 @click.option("--epochs", type=int, default=10, show_default=True, help="Passes over the corpus.")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps in total.")
 @click.option("--time-limit", type=float, default=None, help="Stop after this many minutes (checkpointed).")
-@click.option("--batch-size", type=int, default=128, show_default=True, help="Parallel rows of the text stream.")
+@click.option(
+    "--batch-size",
+    type=int,
+    default=128,
+    show_default=True,
+    help="Parallel rows of the text stream, per process (global batch: this x --nproc).",
+)
 @click.option("--unroll", type=int, default=20, show_default=True, help="Steps of back-propagation through time.")
 @click.option("--num-sampled", type=int, default=8192, show_default=True, help="Negative samples of the softmax.")
 @click.option("--dropout", type=float, default=0.1, show_default=True)
@@ -72,6 +93,22 @@ kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
     type=int,
     default=None,
     help="CPU threads for torch. Default: $ELMO_CACHE_THREADS, else the CPUs this process may use.",
+)
+@click.option(
+    "--nproc",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Train data-parallel with this many local processes (torchrun's launcher; gloo on the CPU, "
+    "one GPU each with NCCL). Threads per process default to the CPUs / N.",
+)
+@click.option(
+    "--max-restarts",
+    type=int,
+    default=0,
+    show_default=True,
+    help="With --nproc: restart the group this often after a process dies (resuming from the last "
+    "checkpoint) instead of stopping.",
 )
 @click.option("--overwrite", is_flag=True, help="Start over even if MODEL_DIR holds a run with other settings.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
@@ -97,6 +134,8 @@ def train_command(
     checkpoint_minutes: float,
     device: str | None,
     threads: int | None,
+    nproc: int,
+    max_restarts: int,
     overwrite: bool,
     no_progress: bool,
 ) -> None:
@@ -123,10 +162,16 @@ def train_command(
         checkpoint_seconds=checkpoint_minutes * 60.0,
         device=device,
         threads=threads,
+        nproc=nproc,
+        max_restarts=max_restarts,
         overwrite=overwrite,
         progress=not no_progress,
     )
     result = train(corpus, output, options)
+    from elmo_cache.train.distributed import launched_by_torchrun
+
+    if launched_by_torchrun() and os.environ.get("RANK") != "0":
+        return  # under torchrun every rank returns the same result: rank 0 reports it
     state = "finished" if result.finished else "stopped (run the same command to continue)"
     resumed = f", resumed at step {result.resumed_from_step}" if result.resumed_from_step else ""
     loss = "n/a" if result.loss is None else f"{result.loss:.4f}"

@@ -31,6 +31,7 @@ __all__ = [
     "OutputLockedError",
     "CacheTimeoutError",
     "CacheCorruptError",
+    "TrainingFailedError",
 ]
 
 
@@ -139,3 +140,9 @@ class CacheCorruptError(CacheFormatError):
     """Stored bytes of a cache fail their check (a block checksum, a missing, truncated or non-regular
     file): the cache was damaged after its build (a partial copy or sync, a bit flip). The message names
     the file or dataset and the rows; ``elmo-cache verify`` reports every damage, rebuilding repairs it."""
+
+
+class TrainingFailedError(ElmoCacheError, RuntimeError):
+    """A process of a data-parallel training run died (an error, a signal such as kill -9): the launcher
+    stopped the others. The message names the rank and how it ended; the same command resumes the run
+    from its last checkpoint."""

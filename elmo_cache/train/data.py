@@ -48,13 +48,15 @@ class StreamBatch:
     (0 for the stream's tail and for the trivial sentence start after an end). ``resets``
     (batch, unroll), when given, is True where a sentence begins that is to be read from the
     initial (zero) LSTM state instead of the state carried from the text before it, in both
-    directions.
+    directions. ``counts`` (2,), when given, is the summed weights of the whole (global) batch
+    per direction, of which this batch may be one rank's rows.
     """
 
     inputs: np.ndarray
     targets: np.ndarray
     weights: np.ndarray
     resets: np.ndarray | None = None
+    counts: np.ndarray | None = None
 
 
 class TokenizedCorpus:
@@ -158,8 +160,12 @@ class TokenizedCorpus:
         unroll: int,
         start: int = 0,
         reset_share: float | None = None,
+        part: slice | None = None,
     ) -> Iterator[StreamBatch]:
         """Batches ``start..`` of one epoch (each a pure function of its arguments).
+
+        ``part``: only these rows of each ``batch_size``-row batch (one rank's share of a
+        data-parallel global batch); ``counts`` still sums the whole batch.
 
         ``reset_share`` None: bilm-tf's layout, the shuffled stream cut into ``batch_size`` equal
         rows (which may begin mid-sentence) with the LSTM state carried throughout. A number in
@@ -167,6 +173,7 @@ class TokenizedCorpus:
         epoch from the seed) is read from the initial state, as the encoder reads every sentence;
         the others carry the state of the text before them.
         """
+        mine = slice(None) if part is None else part
         order = self.epoch_order(seed, epoch)
         forward, backward = self.streams(order)
         bos, eos = self.vocab.id(BOS), self.vocab.id(EOS)
@@ -187,10 +194,16 @@ class TokenizedCorpus:
             resets = reset_at[take].reshape(len(cuts), rows)
         for k in range(start, self.batches_per_epoch(batch_size, unroll, reset_share)):
             window = both[:, :, k * unroll : (k + 1) * unroll + 1]
-            inputs = window[:, :, :-1]
             targets = self.type_to_target[window[:, :, 1:]]
-            batch_resets = None if resets is None else resets[:, k * unroll : (k + 1) * unroll].copy()
-            yield StreamBatch(inputs.copy(), targets, _counted(targets, bos, eos), batch_resets)
+            weights = _counted(targets, bos, eos)
+            batch_resets = None if resets is None else resets[mine, k * unroll : (k + 1) * unroll].copy()
+            yield StreamBatch(
+                window[:, mine, :-1].copy(),
+                np.ascontiguousarray(targets[:, mine]),
+                np.ascontiguousarray(weights[:, mine]),
+                batch_resets,
+                counts=weights.sum(axis=(1, 2), dtype=np.float64),
+            )
 
     def evaluation_batches(self, batch_size: int, unroll: int) -> Iterator[StreamBatch]:
         """The text in file order, cut into at most ``batch_size`` rows that each begin at a sentence

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.hardware import resolve_device
 from elmo_cache.model.chars import sentence_char_ids
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.data import StreamBatch, TokenizedCorpus
@@ -67,13 +68,11 @@ def perplexity(
     device: str | None = None,
 ) -> PerplexityResult:
     """Perplexity of the biLM in ``model_dir`` on ``text`` (one sentence per line), full softmax."""
-    from elmo_cache.train.trainer import _resolve_device
-
     if mode not in MODES:
         raise InvalidParameterError(f"mode: {mode!r} is not one of {list(MODES)}")
     if batch_size < 1 or unroll < 1:
         raise InvalidParameterError("batch_size and unroll must be >= 1")
-    resolved = _resolve_device(device)
+    resolved = resolve_device(device)
     model, vocab = load_trained_model(model_dir)
     model.to(resolved)
     data = TokenizedCorpus.from_file(text, vocab, model.options.max_characters_per_token)
