@@ -213,20 +213,21 @@ def pad_quantized(items: Sequence[QuantizedSentence], max_tokens: int) -> torch.
     token_axis = 1 if layered else 0
     per_token = first.shape[:token_axis] + first.shape[token_axis + 1 :]
     shape = (len(items), *first.shape[:token_axis], max_tokens, first.shape[-1])
-    codes = torch.zeros(shape, dtype=torch.int8)
-    scales = torch.zeros((*shape[:-1], 1), dtype=torch.float32)
-    codes_np, scales_np = codes.numpy(), scales.numpy()[..., 0]
+    codes = np.zeros(shape, dtype=np.int8)
+    scales = np.zeros(shape[:-1], dtype=np.float32)
     for b, item in enumerate(items):
         if item.shape[:token_axis] + item.shape[token_axis + 1 :] != per_token:
             raise InvalidParameterError(f"collate: item {b} has shape {item.shape}, unlike item 0 {first.shape}")
         n = item.shape[token_axis]
         if layered:
-            codes_np[b, :, :n] = item.codes
-            scales_np[b, :, :n] = item.scales
+            codes[b, :, :n] = item.codes
+            scales[b, :, :n] = item.scales
         else:
-            codes_np[b, :n] = item.codes
-            scales_np[b, :n] = item.scales
-    return codes * scales  # int8 x float32 -> float32, padding stays 0
+            codes[b, :n] = item.codes
+            scales[b, :n] = item.scales
+    # numpy, one thread: torch's multi-threaded kernels were 10-30x slower than this on a busy 2-core
+    # box (OpenMP threads waiting on each other; benchmarks/RESULTS.md, "Quantised caches").
+    return torch.from_numpy(np.multiply(codes, scales[..., None], dtype=np.float32))  # padding stays 0
 
 
 def live_as_cached(
