@@ -202,6 +202,7 @@ def main() -> None:
         "--heldout", type=Path, default=None, help="text to encode (bundled model), one sentence a line"
     )
     parser.add_argument("--lines", type=int, default=600, help="first N non-empty lines of --heldout")
+    parser.add_argument("--read-threads", type=int, default=1, help="torch threads while reading (DataLoader: 1)")
     parser.add_argument("--size", default=None, help="a random model of this size (original, medium, small) instead")
     parser.add_argument("--tokens", type=int, default=1500, help="generated corpus size with --size")
     parser.add_argument("--reads", type=int, default=20000, help="random reads per cache")
