@@ -51,6 +51,7 @@ from _wordnet import Example, WordNetMissingError, check_wordnet_dir, collect_ex
 from elmo_cache import Encoder
 from elmo_cache.model import sources
 from elmo_cache.model.random_model import write_random_model
+from elmo_cache.quantize import Quantization
 
 LAYERS = (0, 1, 2)
 L2 = 1e-2  # logistic-regression penalty, fixed in advance (never tuned on a test split)
@@ -274,7 +275,7 @@ def print_wsd(results: dict, counts: dict) -> None:
         f"({counts['test_unseen_sense']} test examples of senses without training examples dropped)"
     )
     print("| vectors | layer 0 | layer 1 | layer 2 |\n|---|---|---|---|")
-    for name in ("model", "random"):
+    for name in ("model", "model int8", "random"):
         if name in results:
             print(f"| {name} | " + " | ".join(_pct(results[name][j]) for j in LAYERS) + " |")
     print(f"| most frequent training sense | {_pct(results['mfs'])} | | |")
@@ -289,7 +290,7 @@ def print_pos(results: dict, counts: dict) -> None:
     print("| split | train / test | vectors | layer 0 | layer 1 | layer 2 |\n|---|---|---|---|---|---|")
     for split, row in results.items():
         sizes = f"{row['n_train']} / {row['n_test']}"
-        for name in ("model", "random"):
+        for name in ("model", "model int8", "random"):
             if name in row:
                 print(f"| {split} | {sizes} | {name} | " + " | ".join(_pct(row[name][j]) for j in LAYERS) + " |")
         print(f"| {split} | {sizes} | majority class | {_pct(row['majority'])} | | |")
@@ -325,6 +326,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-random", action="store_true", help="skip the random-weights floor")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: shared machines)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--quantize", action="store_true", help="also probe the model's vectors as an int8 cache holds them"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     probes = set(args.probes.split(","))
@@ -358,6 +362,9 @@ def main(argv: list[str] | None = None) -> dict:
         rows = (wsd[0] + wsd[1] if wsd else []) + (pos[0] if pos else [])
         start = time.perf_counter()
         vectors = {name: target_vectors(enc, rows) for name, enc in encoders.items()}
+        if args.quantize:
+            # The vectors a --quantize int8 cache returns: each (layer, token) vector quantised and decoded.
+            vectors["model int8"] = Quantization("int8", encoders["model"].output_dim).roundtrip(vectors["model"])
         print(f"encoded  {len(rows)} examples with {len(encoders)} models in {time.perf_counter() - start:.0f} s")
         n_wsd = len(wsd[0]) + len(wsd[1]) if wsd else 0
         if wsd:

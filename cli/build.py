@@ -51,6 +51,12 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--precision's. Default float32.",
 )
 @click.option(
+    "--quantize",
+    default=None,
+    help="Store the vectors quantised: none (default) or int8 (one int8 code per value and one float32 scale per "
+    "vector: about half the bytes of --fp16; reads return float32). Not with --fp16.",
+)
+@click.option(
     "--compression",
     default=None,
     help="zarr only: none (default), zstd, blosc-lz4 or blosc-zstd. Float vectors compress ~10%.",
@@ -126,6 +132,7 @@ def build_command(
     gamma: float | None,
     mix_softmax: bool,
     fp16: bool,
+    quantize: str | None,
     compression: str | None,
     chunk_rows: int | None,
     shard_rows: int | None,
@@ -162,6 +169,7 @@ def build_command(
         layers=selection.layers,
         mix=selection.mix,
         fp16=fp16,
+        quantize=quantize,
         compression=compression,
         chunk_rows=chunk_rows,
         shard_rows=shard_rows,

@@ -13,6 +13,7 @@ import numpy as np
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import model_differences
+from elmo_cache.quantize import quantization_of
 from elmo_cache.selection import Selection
 from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.tokenize import split_key
@@ -111,17 +112,22 @@ def check_sample(
     atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))
     offsets = arrays["offsets"]
     lengths = arrays["lengths"]
+    quantization = quantization_of(meta)
     worst = 0.0
     for i, reference in zip(lines, references):
         start, length = int(offsets[i]), int(lengths[i])
-        stored = np.asarray(arrays["vectors"][start : start + length]).astype(np.float32)
+        stored = np.asarray(arrays["vectors"][start : start + length])
+        # Quantised: each value may be off by half its vector's scale, on top of the encoder's own tolerance.
+        half_step = 0.0 if quantization is None else quantization.split(stored)[1][..., None] * (0.5 + 1e-4)
+        stored = stored.astype(np.float32) if quantization is None else quantization.dequantize(stored)
         expected = _expected(reference, meta)
         error = np.abs(stored - expected)
         worst = max(worst, float(error.max()))
-        if (error > atol + rtol * np.abs(expected)).any():
+        if (error > atol + rtol * np.abs(expected) + half_step).any():
             report.problems.append(
                 f"sentence {i}: stored vectors differ from a fresh encoding by up to {float(error.max()):.3g} "
-                f"(tolerance {atol:g} + {rtol:g} x |value|)"
+                f"(tolerance {atol:g} + {rtol:g} x |value|"
+                + (")" if quantization is None else " + half the vector's quantisation step)")
             )
             return
     report.sampled = len(lines)

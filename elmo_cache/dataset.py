@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, default_collate
 
 from elmo_cache import reader
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.quantize import QuantizedSentence, pad_quantized
 
 __all__ = ["CacheDataset", "collate", "Batch"]
 
@@ -26,7 +27,9 @@ class CacheDataset(Dataset):
     """Sentence ``i`` of a cache, optionally zipped with the user's per-sentence fields.
 
     ``CacheDataset(path)[i]`` is the array ``cache[i]``; ``CacheDataset(path, labels, ids)[i]``
-    is the tuple ``(cache[i], labels[i], ids[i])``. Every extra field must have one item per
+    is the tuple ``(cache[i], labels[i], ids[i])``. For a quantised cache the array is
+    ``cache.quantized(i)`` (codes and scales; ``np.asarray`` of it gives the floats), which
+    :func:`collate` decodes a whole batch at a time. Every extra field must have one item per
     sentence. Pair it with :func:`collate`::
 
         loader = DataLoader(CacheDataset("train.zarr", labels), batch_size=32, collate_fn=collate, num_workers=4)
@@ -61,7 +64,9 @@ class CacheDataset(Dataset):
         return self._length
 
     def __getitem__(self, i: int) -> Any:
-        vectors = self.cache[i]
+        cache = self.cache
+        # Quantised: the codes and scales travel (a quarter of the floats' bytes); collate decodes the batch.
+        vectors = cache[i] if cache.quantization is None else cache.quantized(i)
         if not self.fields:
             return vectors
         return (vectors, *(field[i] for field in self.fields))
@@ -112,6 +117,8 @@ def collate(batch: Sequence[Any]) -> Batch:
     token_axis = 1 if layered else 0
     lengths = [a.shape[token_axis] for a in arrays]
     max_tokens = max(lengths)
+    if isinstance(first, QuantizedSentence):
+        return _batch(pad_quantized(arrays, max_tokens), lengths, batch, tupled)
     shape = (
         (len(arrays), first.shape[0], max_tokens, first.shape[-1])
         if layered
@@ -127,8 +134,12 @@ def collate(batch: Sequence[Any]) -> Batch:
             out[b, :, :n] = array
         else:
             out[b, :n] = array
+    return _batch(vectors, lengths, batch, tupled)
+
+
+def _batch(vectors: torch.Tensor, lengths: list[int], batch: Sequence[Any], tupled: bool) -> Batch:
     lengths_t = torch.tensor(lengths, dtype=torch.int64)
-    mask = torch.arange(max_tokens).unsqueeze(0) < lengths_t.unsqueeze(1)
+    mask = torch.arange(max(lengths)).unsqueeze(0) < lengths_t.unsqueeze(1)
     fields: tuple[Any, ...] = ()
     if tupled:
         fields = tuple(_collate_field([item[k] for item in batch]) for k in range(1, len(batch[0])))

@@ -23,6 +23,7 @@ import numpy as np
 
 from elmo_cache import store
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
+from elmo_cache.quantize import Quantization, QuantizedSentence, quantization_of, stored_row_shape
 from elmo_cache.store._blocksums import BlockGuard, guards
 from elmo_cache.store.format import (
     ARRAYS,
@@ -61,8 +62,9 @@ class Cache:
     ``cache[i]`` is sentence ``i`` (line ``i`` of the corpus; negative indices count from the
     end) as a read-only array: ``(n_layers, n_tokens, dim)`` for a layered cache (a transposed,
     zero-copy view of the token-major rows where the format allows) or ``(n_tokens, dim)`` for
-    a mixed one, in the stored dtype. Slices and integer (or boolean) index arrays return lists
-    of such arrays. The arrays stay valid after :meth:`close`.
+    a mixed one, in the stored dtype (float32 decoded from a quantised cache; :meth:`quantized` gives
+    the codes). Slices and integer (or boolean) index arrays return lists of such arrays. The
+    arrays stay valid after :meth:`close`.
 
     A cache pickles as its path, so it can be handed to worker processes; each reopens it.
     """
@@ -91,7 +93,10 @@ class Cache:
         self.kind: str = meta["kind"]
         self.layers: tuple[int, ...] | None = tuple(meta["layers"]) if self.kind == "layers" else None
         self.dim: int = meta["dim"]
-        self.dtype: np.dtype = np.dtype(meta["dtype"])
+        # How the vectors are quantised (None: floats); dtype is what cache[i] returns, stored_dtype the array's.
+        self.quantization: Quantization | None = quantization_of(meta)
+        self.stored_dtype: np.dtype = np.dtype(meta["dtype"])
+        self.dtype: np.dtype = np.dtype(np.float32) if self.quantization is not None else self.stored_dtype
         self.format_version: int = meta["format_version"]
         self._check_arrays(arrays)
         recorded = meta.get("checksums")
@@ -114,6 +119,9 @@ class Cache:
         self._length_at = self._lengths.item
         vectors = self._vectors
         self._read_rows = vectors.rows if hasattr(vectors, "rows") else (lambda start, stop: vectors[start:stop])
+        self._read_stored = self._read_rows
+        if self.quantization is not None:  # decoded as read: cache[i] is float32, quantized(i) gives the codes
+            self._read_rows = self.quantization.decoder(self._read_stored)
         self._n = int(self._offsets.shape[0])
         self._n_rows = int(self._vectors.shape[0])
         self._layered = self.kind == "layers"
@@ -161,7 +169,7 @@ class Cache:
         for name in required:
             if arrays[name] is None:
                 raise CacheFormatError(f"{self.path}: array {name!r} is missing; the cache is corrupt (rebuild it)")
-        expected = {"vectors": self.dtype, **_INDEX_DTYPES}
+        expected = {"vectors": self.stored_dtype, **_INDEX_DTYPES}
         for name, dtype in expected.items():
             if name not in required:
                 continue
@@ -169,7 +177,7 @@ class Cache:
             if got.kind != dtype.kind or got.itemsize != dtype.itemsize:
                 raise CacheFormatError(f"{self.path}: array {name!r} has dtype {got}, expected {dtype}")
         vectors = arrays["vectors"]
-        want = (len(self.layers), self.dim) if self.layers is not None else (self.dim,)
+        want = stored_row_shape(meta)
         if tuple(vectors.shape[1:]) != want:
             raise CacheFormatError(
                 f"{self.path}: array 'vectors' has shape {tuple(vectors.shape)}, "
@@ -265,7 +273,7 @@ class Cache:
         if all(guard.remaining == 0 for guard in self._pair_guards):
             self._pair_ok = None  # every block passed: reads skip the test from now on
 
-    def _sentence(self, i: int) -> np.ndarray:
+    def _sentence(self, i: int, stored: bool = False) -> np.ndarray:
         pair_ok = self._pair_ok
         if pair_ok is not None and not pair_ok[i // self._pair_block]:
             self._check_pair(i)
@@ -289,8 +297,15 @@ class Cache:
             guard.check_rows(start, stop)  # type: ignore[union-attr]
             if guard.remaining == 0:  # type: ignore[union-attr]
                 self._vector_ok = None  # every block passed: reads skip the test from now on
-        block = self._read_rows(start, stop)
+        block = (self._read_stored if stored else self._read_rows)(start, stop)
         return block.transpose(1, 0, 2) if self._layered else block
+
+    def quantized(self, i: int) -> QuantizedSentence:
+        """Sentence ``i`` of a quantised cache undecoded: int8 ``codes`` and float32 ``scales``, views of the
+        mapped rows (``codes * scales[..., None]`` is ``cache[i]``). An error for a cache of floats."""
+        if self._require().quantization is None:
+            raise InvalidParameterError(f"{self.path}: this cache stores {self.stored_dtype} vectors, not quantised")
+        return self.quantization.raw(self._sentence(self._position(i), stored=True))  # type: ignore[union-attr]
 
     def _position(self, key: Any) -> int:
         i = int(key)
@@ -408,7 +423,7 @@ class Cache:
     def close(self) -> None:
         """Drop the mappings (arrays already returned stay valid). Idempotent."""
         self._vectors = self._offsets = self._lengths = self._hashes = self._rows = None
-        self._offset_at = self._length_at = self._read_rows = None
+        self._offset_at = self._length_at = self._read_rows = self._read_stored = None
         self._token_bytes = self._token_offsets = self._token_at = self._read_text = None
         self._lengths_array = None
         self._guards, self._vector_guard, self._vector_ok, self._pair_guards, self._pair_ok = {}, None, None, None, None

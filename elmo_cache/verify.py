@@ -22,6 +22,7 @@ import numpy as np
 
 from elmo_cache._verify_sample import check_sample, choose, sampled_tokens, tolerance
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
+from elmo_cache.quantize import stored_row_shape
 from elmo_cache.store import open_with_library
 from elmo_cache.store.container import get_container
 from elmo_cache.store.format import (
@@ -182,8 +183,7 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         problems.append(f"missing arrays: {missing}")
         return
     vectors = arrays["vectors"]
-    dim = meta.get("dim")
-    row = (dim,) if meta.get("kind") == "mix" else (len(meta.get("layers") or []), dim)
+    row = stored_row_shape(meta)  # a quantised row ends in its scale's bytes
     if tuple(vectors.shape[1:]) != row:
         problems.append(f"vectors has shape {tuple(vectors.shape)}, expected (n_rows, {', '.join(map(str, row))})")
     if str(vectors.dtype) != meta.get("dtype"):

@@ -11,7 +11,8 @@ always have the same shape and dtype:
 * anything else is encoded live when a model is loaded, and is a 422 listing
   what the cache holds when none is;
 * the answer's dtype is the cache's dtype (live answers are cast to it), or
-  float32 without a cache.
+  float32 without a cache or with a quantised one (whose live answers are
+  quantised and decoded as its rows are, so they equal its hits).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError, LimitExceededError, NotInCacheError
+from elmo_cache.quantize import live_as_cached
 from elmo_cache.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
@@ -220,7 +222,11 @@ class EmbedService:
 
     def finish_live(self, acts: np.ndarray, selection: Selection) -> np.ndarray:
         """An encoder output (3, n_tokens, dim) float32 in the asked form and dtype (non-finite refused)."""
-        out = selection.apply_array(acts, self.dtype)
+        quantization = getattr(self.cache, "quantization", None)
+        if quantization is not None and self.stored is not None:  # rounded as the cache rounds its hits
+            out = live_as_cached(acts, selection, self.stored, quantization, self.dtype)
+        else:
+            out = selection.apply_array(acts, self.dtype)
         if not np.isfinite(out).all():
             if selection.mix is None or not np.isfinite(acts).all():
                 # Not the client's doing: the model's own output, or its cast to the cache's dtype, overflows.

@@ -112,6 +112,19 @@ def test_byte_equal_to_build_and_readable(tiny_model, corpus, reference, tmp_pat
     assert again.already_complete
 
 
+def test_quantized_byte_equal_to_build(tiny_model, corpus, tmp_path):
+    # int8 codes and scales are computed per window on each worker, so the ray cache is the local one's, byte for byte.
+    reference = tmp_path / "ref.zarr"
+    build(corpus, options(tiny_model, reference, quantize="int8"))
+    output = tmp_path / "ray.zarr"
+    summary = run(corpus, options(tiny_model, output, quantize="int8"))
+    assert summary.parts == 4 and summary.parts_run == 4
+    assert_same_cache(output, reference)
+    cache = elmo_cache.open(output)
+    assert cache.stored_dtype == np.int8 and cache.quantized(0).codes.dtype == np.int8
+    assert verify(output).ok
+
+
 def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, monkeypatch):
     output = tmp_path / "ray.zarr"
     opts = options(tiny_model, output, dedupe=True)

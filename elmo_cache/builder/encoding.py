@@ -120,6 +120,7 @@ class WindowEncoder:
         self.torch_dtype = torch.float16 if plan.dtype == "float16" else torch.float32
         self.np_dtype = np.dtype(plan.dtype)
         self.row_shape = plan.row_shape(encoder.output_dim)
+        self.quantization = plan.quantization(encoder.output_dim)
 
     def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the batch's sentences, concatenated in batch order, and where each starts."""
@@ -127,6 +128,8 @@ class WindowEncoder:
         out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
         if self.selection.layers is not None:
             out = out.transpose(0, 1)  # token-major: (tokens, L, D)
+        if self.quantization is not None:  # from the float32 rows, on the device: codes and scales cross
+            return self.quantization.quantize(out), offsets[:-1]
         # Cast on the device, so only the stored bytes cross to the host.
         rows = out.to(self.torch_dtype, memory_format=torch.contiguous_format).cpu().numpy()
         starts = offsets[:-1]

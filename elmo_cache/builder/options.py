@@ -29,6 +29,9 @@ class BuildOptions:
     mix: MixSpec | None = None
     # Store float16 instead of float32 (half the bytes); selection and mixing happen in float32 first.
     fp16: bool = False
+    # Quantise the stored vectors: None/"none" (floats) or "int8" (one int8 code per value and one float32
+    # scale per vector, elmo_cache.quantize); done in float32 after selection/mixing. Exclusive with fp16.
+    quantize: str | None = None
     # zarr compressor: "none"/None, "zstd", "blosc-lz4", "blosc-zstd". HDF5 stays uncompressed (memmap).
     compression: str | None = None
     # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB). Not valid for HDF5.

@@ -1,7 +1,7 @@
 """Planning a build: validate the options, name the output, and decide what to do with what is already there.
 
 A build's *identity* (:func:`identity`) is everything that changes what the cache holds: the
-container, the selection, dtype, dedupe, chunking, the model and the tokenisation. A cache or an
+container, the selection, dtype and quantisation, dedupe, chunking, the model and the tokenisation. A cache or an
 interrupted build at the output is reused only when its identity is the command's.
 """
 
@@ -20,6 +20,7 @@ from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
+from elmo_cache.quantize import Quantization, parse_quantize
 from elmo_cache.selection import MixSpec, Selection
 from elmo_cache.store import Progress, container_at, infer_format, load_progress, read_metadata, remove_output
 from elmo_cache.store.container import container_names, get_container
@@ -27,6 +28,7 @@ from elmo_cache.store.format import (
     BUILD_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
+    QUANTIZED_DTYPE,
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
     TOKENIZATION,
@@ -120,6 +122,7 @@ IDENTITY_KEYS = (
     "model",
     "tokenization",
     "sentence_hash",
+    "quantization",
 )
 
 
@@ -141,7 +144,7 @@ class Plan:
     format: str
     # The layers or the mix stored.
     selection: Selection
-    # Storage dtype name: "float16" or "float32".
+    # Storage dtype name: "float16", "float32", or "int8" when quantised.
     dtype: str
     # zarr rows per chunk (None for HDF5, and for zarr until the model's width is known).
     chunk_rows: int | None
@@ -149,11 +152,20 @@ class Plan:
     compression: str | None
     # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
     shard_rows: int | None = None
+    # Quantisation scheme of the stored vectors (elmo_cache.quantize), None for floats; dtype is then "int8".
+    quantize: str | None = None
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
     input_format: str = "lines"
 
+    def quantization(self, dim: int) -> Quantization | None:
+        """How the rows of a model of width ``dim`` are quantised (None: stored as floats)."""
+        return None if self.quantize is None else Quantization(self.quantize, dim)
+
     def row_shape(self, dim: int) -> tuple[int, ...]:
-        return self.selection.row_shape(dim)
+        """One stored row: the selection's, its last axis widened by the scale when quantised."""
+        quantization = self.quantization(dim)
+        row = self.selection.row_shape(dim)
+        return row if quantization is None else quantization.stored_shape(row)
 
     def with_model(self, dim: int) -> Plan:
         """This plan once the model's output width ``dim`` is known (fills the default chunk_rows and shard_rows)."""
@@ -222,8 +234,14 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             f"input_format: the options say {options.input_format!r} but the corpus given was opened as "
             f"{source.input_format!r}; open it with Corpus(..., input_format={options.input_format!r})"
         )
-    dtype = "float16" if options.fp16 else "float32"
-    return Plan(output, fmt, selection, dtype, chunk_rows, compression, shard_rows, options.input_format)
+    quantize = parse_quantize(options.quantize)
+    if quantize is not None and options.fp16:
+        raise InvalidParameterError(
+            f"fp16, quantize: --quantize {quantize} stores int8 codes and float32 scales, so --fp16 (float16 "
+            "storage) does not apply; drop one of them"
+        )
+    dtype = QUANTIZED_DTYPE if quantize is not None else "float16" if options.fp16 else "float32"
+    return Plan(output, fmt, selection, dtype, chunk_rows, compression, shard_rows, quantize, options.input_format)
 
 
 def open_corpus(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Corpus:
@@ -255,6 +273,8 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) ->
         "model": dict(model),
         "tokenization": TOKENIZATIONS[plan.input_format],
         "sentence_hash": SENTENCE_HASH,
+        # Only quantised caches carry the key: float caches' metadata stays as it always was.
+        **({} if plan.quantize is None else {"quantization": Quantization(plan.quantize, dim).to_metadata()}),
     }
 
 

@@ -36,6 +36,9 @@ __all__ = [
     "SMALL_BLOCK_ROWS",
     "vector_block_rows",
     "VECTOR_DTYPES",
+    "QUANTIZED_DTYPE",
+    "QUANTIZATION_SCHEMES",
+    "SCALE_BYTES",
     "KINDS",
     "LAYER_IDS",
     "TOKENIZATION",
@@ -116,7 +119,16 @@ def vector_block_rows(row_bytes: int, chunk_rows: int | None) -> int:
 
 
 VECTOR_DTYPES = ("float16", "float32")
-"""Storage dtypes of ``vectors``."""
+"""Storage dtypes of float ``vectors``."""
+
+QUANTIZED_DTYPE = "int8"
+"""Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.quantize)."""
+
+QUANTIZATION_SCHEMES = ("int8",)
+"""Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector."""
+
+SCALE_BYTES = 4
+"""Bytes of a quantised vector's scale (float32, little-endian), stored right after its codes."""
 
 KINDS = ("layers", "mix")
 """What a cache stores: a subset of layers, or one fixed mix."""
@@ -216,8 +228,20 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
     kind = raw.get("kind")
     if kind not in KINDS:
         problems.append(f"kind {kind!r} (expected 'layers' or 'mix')")
-    if raw.get("dtype") not in VECTOR_DTYPES:
+    quantization = raw.get("quantization")
+    if quantization is None and raw.get("dtype") not in VECTOR_DTYPES:
         problems.append(f"dtype {raw.get('dtype')!r} (expected 'float16' or 'float32')")
+    if quantization is not None and (
+        raw.get("dtype") != QUANTIZED_DTYPE
+        or not isinstance(quantization, dict)
+        or quantization.get("scheme") not in QUANTIZATION_SCHEMES
+        or quantization.get("scale") != "float32"
+    ):
+        problems.append(
+            f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected a scheme of "
+            f"{list(QUANTIZATION_SCHEMES)} with 'scale': 'float32' and dtype {QUANTIZED_DTYPE!r}; a newer "
+            "elmo-cache may read it)"
+        )
     dim = raw.get("dim")
     if not isinstance(dim, int) or dim <= 0:
         problems.append(f"dim {dim!r} (expected a positive integer)")

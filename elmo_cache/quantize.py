@@ -1,0 +1,246 @@
+"""Quantised vectors (``build --quantize int8``): one int8 code per value and one float32 scale per vector.
+
+Scheme (``int8``): every stored vector ``x`` (one layer of one token, or one mixed vector) of ``dim``
+values gets the scale ``s = max|x| / 127`` and the codes ``q = round(x / s)`` in ``[-127, 127]``; it
+reads back as ``q * s``, so ``|x - q * s| <= s / 2`` for every value (up to float32 round-off of the
+division and the product). Symmetric per-vector absmax is deterministic (no statistics over the
+corpus, so a window's rows depend on the window alone, like every other stored byte) and costs
+``dim + 4`` bytes per vector instead of ``2 * dim`` in float16.
+
+Layout (docs/FORMAT.md, "Quantised caches"): the scale's four bytes (float32, little-endian) follow
+the ``dim`` codes of its vector inside the ``vectors`` array, whose dtype is then int8 and whose last
+axis is ``dim + 4``. Keeping the scale in the row, rather than in an array of its own, means one
+sentence is still one contiguous run of mapped bytes, and everything the store already guarantees
+for ``vectors`` (shards, the CRC-32 of every file, CRC-32C block sums checked on first read, resume
+cut-backs, the Ray engine's parts and stitching) covers the scales with no code of their own.
+
+Quantisation happens in float32 after the layers are selected or mixed, on the encoder's device,
+before anything is cast (``--fp16`` does not combine with it: the codes are the storage).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from elmo_cache.errors import CacheFormatError, InvalidParameterError
+from elmo_cache.store.format import QUANTIZATION_SCHEMES, SCALE_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+    from elmo_cache.selection import Selection
+
+__all__ = [
+    "QUANTIZE_CHOICES",
+    "Quantization",
+    "QuantizedSentence",
+    "parse_quantize",
+    "quantization_of",
+    "stored_row_shape",
+    "pad_quantized",
+    "live_as_cached",
+]
+
+QUANTIZE_CHOICES = ("none", *QUANTIZATION_SCHEMES)
+"""Valid ``--quantize`` values ("none": float vectors, as before)."""
+
+# The largest code: symmetric, so -128 is never used and negation is exact.
+_QMAX = 127.0
+# Codes and scales are little-endian in the format; the packing below views native floats as bytes.
+assert sys.byteorder == "little", "quantised caches are written on little-endian machines only"
+
+
+def parse_quantize(value: str | None) -> str | None:
+    """``--quantize`` as a scheme name, or None for float vectors; anything else is an error listing the choices."""
+    if value is None or value == "none":
+        return None
+    if value not in QUANTIZATION_SCHEMES:
+        raise InvalidParameterError(f"quantize: {value!r} is not valid; choose from {list(QUANTIZE_CHOICES)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How a cache's vectors are quantised, and the code that writes and reads them (FORMAT.md)."""
+
+    # Scheme name, a member of QUANTIZATION_SCHEMES ("int8": per-vector absmax, float32 scale).
+    scheme: str
+    # Values per vector (the model's output width): the codes that precede each scale.
+    dim: int
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The metadata's ``quantization`` object."""
+        return {"scheme": self.scheme, "scale": "float32"}
+
+    @property
+    def stored_dim(self) -> int:
+        """Bytes per stored vector: the codes, then the scale."""
+        return self.dim + SCALE_BYTES
+
+    def stored_shape(self, row_shape: Sequence[int]) -> tuple[int, ...]:
+        """The stored row of a float row of ``row_shape`` (its last axis gains the scale's bytes)."""
+        return (*tuple(row_shape)[:-1], self.stored_dim)
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def quantize(self, x: torch.Tensor) -> np.ndarray:
+        """Rows ``(..., dim)`` of float32 (on any device) as stored int8 rows ``(..., dim + 4)`` (host numpy).
+
+        A vector of zeros gets scale 0 and codes 0; a non-finite vector keeps a non-finite scale, so
+        it reads back non-finite (and the server refuses it) rather than as wrong numbers.
+        """
+        import torch
+
+        x = x.float()
+        scale = x.abs().amax(dim=-1, keepdim=True) / _QMAX
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.nan_to_num(torch.round(x / safe), nan=0.0).clamp_(-_QMAX, _QMAX).to(torch.int8)
+        # Only the stored bytes cross to the host; the scale's float32 bytes are appended to its codes.
+        out = np.empty((*x.shape[:-1], self.stored_dim), dtype=np.int8)
+        out[..., : self.dim] = codes.cpu().numpy()
+        out[..., self.dim :] = scale.cpu().numpy().astype("<f4").view(np.int8)
+        return out
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes, scales)`` of stored rows ``(..., dim + 4)``: int8 ``(..., dim)`` and float32 ``(...)``, views."""
+        if rows.shape[-1] != self.stored_dim:
+            raise ValueError(f"stored rows end in {rows.shape[-1]} bytes, expected {self.stored_dim}")
+        codes = rows[..., : self.dim]
+        tail = rows[..., self.dim :]
+        if tail.strides[-1] != 1:  # a view of bytes as float32 needs them consecutive
+            tail = np.ascontiguousarray(tail)
+        return codes, tail.view("<f4")[..., 0]
+
+    def dequantize(self, rows: np.ndarray) -> np.ndarray:
+        """Floats of stored rows ``(..., dim + 4)``: ``(..., dim)`` float32, one vectorised multiply."""
+        codes, scales = self.split(rows)
+        out = np.empty(codes.shape, dtype=np.float32)
+        np.multiply(codes, scales[..., None], out=out, dtype=np.float32)
+        return out
+
+    def decoder(self, read: Callable[[int, int], np.ndarray]) -> Callable[[int, int], np.ndarray]:
+        """A row reader ``read(start, stop)`` of stored rows turned into one of decoded float32 rows."""
+        dequantize = self.dequantize
+        return lambda start, stop: dequantize(read(start, stop))
+
+    def raw(self, rows: np.ndarray) -> QuantizedSentence:
+        """Stored rows (any leading axes, e.g. one sentence's ``(n_layers, n_tokens, dim + 4)``) as their codes
+        and scales, zero-copy views."""
+        codes, scales = self.split(rows)
+        return QuantizedSentence(codes, scales)
+
+    def roundtrip(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (float, ``(..., dim)``) as a cache of this scheme would return it: quantised, then read back."""
+        import torch
+
+        codes, scales = self.split(self.quantize(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))))
+        return np.multiply(codes, scales[..., None], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class QuantizedSentence:
+    """One sentence of a quantised cache, undecoded: ``Cache.quantized(i)`` and ``CacheDataset`` items.
+
+    ``np.asarray(item)`` gives the floats (as ``cache[i]`` does); :func:`elmo_cache.collate` pads the
+    codes and scales of a whole batch and decodes it with one multiply.
+    """
+
+    # int8 codes, (n_layers, n_tokens, dim) for a layered cache, (n_tokens, dim) for a mixed one.
+    codes: np.ndarray
+    # float32 scale of each vector: (n_layers, n_tokens) or (n_tokens,); value = code * scale.
+    scales: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.codes.ndim
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the decoded floats."""
+        return np.dtype(np.float32)
+
+    def dequantize(self) -> np.ndarray:
+        """The floats ``codes * scales`` (float32)."""
+        return np.multiply(self.codes, self.scales[..., None], dtype=np.float32)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.dequantize()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def quantization_of(meta: Mapping[str, Any]) -> Quantization | None:
+    """The quantisation a cache's metadata records (None: float vectors, as in every older cache)."""
+    raw = meta.get("quantization")
+    if raw is None:
+        return None
+    scheme = raw.get("scheme") if isinstance(raw, Mapping) else None
+    if scheme not in QUANTIZATION_SCHEMES or raw.get("scale") != "float32":
+        raise CacheFormatError(
+            f"metadata quantization {raw!r} is not one this elmo-cache reads "
+            f"(schemes {list(QUANTIZATION_SCHEMES)} with float32 scales); upgrade elmo-cache"
+        )
+    return Quantization(scheme, int(meta.get("dim") or 0))
+
+
+def stored_row_shape(meta: Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape of one row of ``vectors`` that a cache's metadata implies (quantised rows included)."""
+    dim = int(meta.get("dim") or 0)
+    row: tuple[int, ...] = (dim,) if meta.get("kind") == "mix" else (len(meta.get("layers") or []), dim)
+    quantization = quantization_of(meta)
+    return row if quantization is None else quantization.stored_shape(row)
+
+
+def pad_quantized(items: Sequence[QuantizedSentence], max_tokens: int) -> torch.Tensor:
+    """A zero-padded float32 batch of quantised sentences, decoded by one multiply over the whole batch:
+    ``(batch, n_layers, max_tokens, dim)`` or ``(batch, max_tokens, dim)``."""
+    import torch
+
+    first = items[0]
+    layered = first.ndim == 3
+    token_axis = 1 if layered else 0
+    per_token = first.shape[:token_axis] + first.shape[token_axis + 1 :]
+    shape = (len(items), *first.shape[:token_axis], max_tokens, first.shape[-1])
+    codes = np.zeros(shape, dtype=np.int8)
+    scales = np.zeros(shape[:-1], dtype=np.float32)
+    for b, item in enumerate(items):
+        if item.shape[:token_axis] + item.shape[token_axis + 1 :] != per_token:
+            raise InvalidParameterError(f"collate: item {b} has shape {item.shape}, unlike item 0 {first.shape}")
+        n = item.shape[token_axis]
+        if layered:
+            codes[b, :, :n] = item.codes
+            scales[b, :, :n] = item.scales
+        else:
+            codes[b, :n] = item.codes
+            scales[b, :n] = item.scales
+    # numpy, one thread: torch's multi-threaded kernels were 10-30x slower than this on a busy 2-core
+    # box (OpenMP threads waiting on each other; benchmarks/RESULTS.md, "Quantised caches").
+    return torch.from_numpy(np.multiply(codes, scales[..., None], dtype=np.float32))  # padding stays 0
+
+
+def live_as_cached(
+    acts: np.ndarray, selection: Selection, stored: Selection, quantization: Quantization, dtype: Any = None
+) -> np.ndarray:
+    """A live encoding ``(3, n_tokens, dim)`` float32 in the form ``selection`` asks, rounded as a quantised
+    cache storing ``stored`` rounds it, so that a server's live answers equal its cache hits.
+
+    A layered cache quantises each (layer, token) vector alone, so every layer is rounded before the
+    selection (a mix of stored layers is then computed from rounded layers, as from the cache); a mixed
+    cache rounds its mix, so only that mix is rounded (any other is not in the cache anyway).
+    """
+    if stored.layers is not None:
+        return selection.apply_array(quantization.roundtrip(acts), dtype)
+    out = selection.apply_array(acts, np.float32)
+    return np.ascontiguousarray(quantization.roundtrip(out) if selection.same_as(stored) else out, dtype=dtype)
