@@ -18,7 +18,7 @@ from elmo_cache.model.weights import ElmoWeights
 if TYPE_CHECKING:
     from elmo_cache.model.sources import ModelFiles
 
-__all__ = ["BILM_TF", "EFML", "FORMATS", "LoadedModel", "load", "fingerprint"]
+__all__ = ["BILM_TF", "EFML", "FORMATS", "LoadedModel", "load", "fingerprint", "output_dim"]
 
 BILM_TF = "bilm-tf"
 EFML = "elmoformanylangs"
@@ -69,3 +69,13 @@ def fingerprint(files: ModelFiles) -> tuple[str, dict[str, Any]]:
     from elmo_cache.model import hub
 
     return hub.file_sha256(files.weight_file), ModelOptions.from_file(files.options_file).to_dict()
+
+
+def output_dim(files: ModelFiles) -> int:
+    """The width of the model's output layers, from its options alone (no weight is read)."""
+    if files.format == EFML:
+        from elmo_cache.model import efml
+
+        options, _ = efml.parse_config(*efml.read_config(_directory(files)))
+        return options.output_dim
+    return ModelOptions.from_file(files.options_file).output_dim
