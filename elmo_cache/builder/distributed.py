@@ -44,7 +44,14 @@ from elmo_cache.builder._rowsink import FRAGMENTS_DIR
 from elmo_cache.builder._stitch import publish, stitch
 from elmo_cache.builder.encoding import default_batch_tokens
 from elmo_cache.builder.engine import BuildJob, Finished
-from elmo_cache.builder.firstpass import PLAN_DIR, PLAN_FILE, corpus_signature, first_pass, load_first_pass
+from elmo_cache.builder.firstpass import (
+    PLAN_DIR,
+    PLAN_FILE,
+    FirstPass,
+    corpus_signature,
+    first_pass,
+    load_first_pass,
+)
 from elmo_cache.builder.options import BuildOptions, BuildSummary
 from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
 from elmo_cache.builder.skeleton import run_build
@@ -177,7 +184,6 @@ class RayRun:
         batch_tokens = default_batch_tokens(options, device.split(":")[0])
         window_tokens = batch_tokens * options.window_batches
         self.staging = staging = staging_path(plan.output)
-        plan_dir = staging / BUILD_DIR / PLAN_DIR
         plan_info = {
             "identity": ident,
             "corpus": corpus_signature(job.source),
@@ -185,23 +191,8 @@ class RayRun:
             "batch_tokens": batch_tokens,
             "started": _now(),
         }
-        if found.kind is OutputKind.RESUMABLE:
-            saved = load_first_pass(plan_dir)
-            assert saved is not None  # interrupted() found its plan.json
-            check_resumed(staging, saved.info["identity"], ident)
-            for key in ("corpus", "window_tokens"):
-                if saved.info[key] != plan_info[key]:
-                    raise CacheExistsError(
-                        f"{staging} holds an interrupted build of another corpus or window size ({key}: "
-                        f"{saved.info[key]!r} there, {plan_info[key]!r} now); pass --overwrite to start over"
-                    )
-        else:
-            plan.output.parent.mkdir(parents=True, exist_ok=True)
         begin = time.monotonic()
-        first = load_first_pass(plan_dir)
-        if first is None:
-            first = first_pass(job.source, plan_dir, window_tokens, bool(options.dedupe), plan_info)
-        self.first = first
+        self.first = first = _first_pass(job, staging, plan_info, resumed=found.kind is OutputKind.RESUMABLE)
         self.first_pass_seconds = time.monotonic() - begin
         dim = job.model.output_dim
         self.layout = layout = Layout(
@@ -224,34 +215,14 @@ class RayRun:
         for sub in (PARTS_DIR, FRAGMENTS_DIR):
             (staging / BUILD_DIR / sub).mkdir(parents=True, exist_ok=True)
 
-        resources = ray.cluster_resources()
         self.gpu = gpu = device.startswith("cuda")
-        workers, cpus_per_worker = engine.workers, engine.cpus_per_worker
-        if workers is None:
-            workers = max(1, int(resources.get("GPU", 0))) if gpu else max(1, int(resources.get("CPU", 1)) // 4)
-        if cpus_per_worker is None:
-            cpus_per_worker = 1.0 if gpu else max(1.0, float(int(resources.get("CPU", 1)) // workers))
-        # An actor pool larger than the cluster would wait for resources forever: say so instead.
-        if gpu and workers > resources.get("GPU", 0):
-            raise InvalidParameterError(
-                f"workers: {workers} workers need one GPU each; the Ray cluster has {resources.get('GPU', 0):g}"
-            )
-        if workers * cpus_per_worker > resources.get("CPU", 0):
-            raise InvalidParameterError(
-                f"workers: {workers} workers of {cpus_per_worker:g} CPUs need {workers * cpus_per_worker:g} CPUs; "
-                f"the Ray cluster has {resources.get('CPU', 0):g}"
-            )
-        self.workers, self.cpus_per_worker = workers, cpus_per_worker
+        self.workers, self.cpus_per_worker = workers, cpus_per_worker = _pool(
+            ray.cluster_resources(), gpu, engine.workers, engine.cpus_per_worker
+        )
         n_parts = engine.parts
         if n_parts is None:
             n_parts = max(_PARTS_PER_WORKER * workers, -(-first.n_rows // (_MAX_FILES_PER_PART * file_rows)))
-        parts_file = staging / BUILD_DIR / "parts.json"
-        if parts_file.is_file():  # a resumed build keeps its first run's cuts (the markers name them)
-            self.specs = [PartSpec(*s) for s in json.loads(parts_file.read_text(encoding="utf-8"))]
-        else:
-            self.specs = cut_parts(first.windows, file_rows, n_parts)
-            rows = [[s.index, s.first_window, s.end_window, s.first_row, s.end_row] for s in self.specs]
-            atomic_write_json(parts_file, rows)
+        self.specs = _cuts(staging, first, file_rows, n_parts)
         self.todo = [s for s in self.specs if not marker_path(staging, s.index).is_file()]
 
         fail = os.environ.get(FAIL_PART_ENV)
@@ -349,3 +320,52 @@ def _device(ray: Any, options: BuildOptions) -> str:
         return options.device
     # Like build(): CUDA when there is one (here: in the cluster, not necessarily in the driver).
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def _first_pass(job: BuildJob, staging: Path, plan_info: dict[str, Any], *, resumed: bool) -> FirstPass:
+    """The plan of an interrupted build (checked to be this build's), else a new first pass."""
+    plan_dir = staging / BUILD_DIR / PLAN_DIR
+    if resumed:
+        saved = load_first_pass(plan_dir)
+        assert saved is not None  # interrupted() found its plan.json
+        check_resumed(staging, saved.info["identity"], job.identity)
+        for key in ("corpus", "window_tokens"):
+            if saved.info[key] != plan_info[key]:
+                raise CacheExistsError(
+                    f"{staging} holds an interrupted build of another corpus or window size ({key}: "
+                    f"{saved.info[key]!r} there, {plan_info[key]!r} now); pass --overwrite to start over"
+                )
+        return saved
+    job.plan.output.parent.mkdir(parents=True, exist_ok=True)
+    return first_pass(job.source, plan_dir, plan_info["window_tokens"], bool(job.options.dedupe), plan_info)
+
+
+def _pool(
+    resources: dict[str, float], gpu: bool, workers: int | None, cpus_per_worker: float | None
+) -> tuple[int, float]:
+    """The actors and the CPUs each reserves: as asked, else the defaults for the cluster's ``resources``."""
+    if workers is None:
+        workers = max(1, int(resources.get("GPU", 0))) if gpu else max(1, int(resources.get("CPU", 1)) // 4)
+    if cpus_per_worker is None:
+        cpus_per_worker = 1.0 if gpu else max(1.0, float(int(resources.get("CPU", 1)) // workers))
+    # An actor pool larger than the cluster would wait for resources forever: say so instead.
+    if gpu and workers > resources.get("GPU", 0):
+        raise InvalidParameterError(
+            f"workers: {workers} workers need one GPU each; the Ray cluster has {resources.get('GPU', 0):g}"
+        )
+    if workers * cpus_per_worker > resources.get("CPU", 0):
+        raise InvalidParameterError(
+            f"workers: {workers} workers of {cpus_per_worker:g} CPUs need {workers * cpus_per_worker:g} CPUs; "
+            f"the Ray cluster has {resources.get('CPU', 0):g}"
+        )
+    return workers, cpus_per_worker
+
+
+def _cuts(staging: Path, first: FirstPass, file_rows: int, n_parts: int) -> list[PartSpec]:
+    """The parts: a resumed build keeps its first run's cuts (its markers name them), a new one cuts and saves them."""
+    parts_file = staging / BUILD_DIR / "parts.json"
+    if parts_file.is_file():
+        return [PartSpec(*s) for s in json.loads(parts_file.read_text(encoding="utf-8"))]
+    specs = cut_parts(first.windows, file_rows, n_parts)
+    atomic_write_json(parts_file, [[s.index, s.first_window, s.end_window, s.first_row, s.end_row] for s in specs])
+    return specs
