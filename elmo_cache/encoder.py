@@ -43,7 +43,7 @@ from elmo_cache.model.bilm import BiLM, PackedBatch
 from elmo_cache.model.chars import ByteTokenIds, TokenIds
 from elmo_cache.model.identity import ModelDescription, model_identity
 from elmo_cache.model.options import ModelOptions
-from elmo_cache.model.sources import ModelSpec
+from elmo_cache.model.sources import ModelFiles, ModelSpec
 
 __all__ = [
     "Encoder",
@@ -66,11 +66,8 @@ WARMUP_TEXT = (
     '" We are confident that this is the right decision , " she said .',
 )
 
-
-def _warmup_sha256(initial_state: str) -> str | None:
-    """What versions the warm initial state in an identity (None for the other initial states)."""
-    return hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest() if initial_state == "warm" else None
-
+# What versions the warm initial state in an identity (Encoder.identity, Encoder.describe).
+_WARMUP_SHA256 = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
 
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_WORD_CACHE_SIZE = 20000
@@ -224,42 +221,20 @@ class Encoder:
     @property
     def identity(self) -> dict[str, Any]:
         """What determines this encoder's vectors, JSON-serialisable (stored in cache metadata)."""
+        options = self.options.to_dict() if self._options_dict is None else self._options_dict
+        warmup = _WARMUP_SHA256 if self.initial_state == "warm" else None
         return model_identity(
-            name=self.name,
-            options=self.options.to_dict() if self._options_dict is None else self._options_dict,
-            weights_sha256=self.weights_sha256,
-            initial_state=self.initial_state,
-            precision=self.precision,
-            directory=self.directory,
-            warmup_sha256=_warmup_sha256(self.initial_state),
+            self.name, options, self.weights_sha256, self.initial_state, self.precision, self.directory, warmup
         )
 
     @classmethod
-    def describe(
-        cls,
-        model: ModelSpec = None,
-        *,
-        options_file: str | os.PathLike[str] | None = None,
-        weight_file: str | os.PathLike[str] | None = None,
-        precision: str = "fp32",
-        initial_state: str = "zero",
-    ) -> ModelDescription:
-        """The identity and output width ``Encoder.load`` of the same arguments would have, read from the
-        model's files without loading its weights (they are hashed, not parsed): what a build plans with."""
+    def describe(cls, files: ModelFiles, *, precision: str = "fp32", initial_state: str = "zero") -> ModelDescription:
+        """The identity and output width ``Encoder.load(files, precision=..., initial_state=...)`` would give,
+        read from the files without loading the weights (they are hashed, not parsed): what a build plans with."""
         if initial_state not in INITIAL_STATES:
             raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
-        files = sources.resolve(model, options_file, weight_file)
-        weights_sha256, options = formats.fingerprint(files)
-        identity = model_identity(
-            name=files.name,
-            options=options,
-            weights_sha256=weights_sha256,
-            initial_state=initial_state,
-            precision=precision,
-            directory=files.directory,
-            warmup_sha256=_warmup_sha256(initial_state),
-        )
-        return ModelDescription(identity, formats.output_dim(files))
+        warmup = _WARMUP_SHA256 if initial_state == "warm" else None
+        return formats.describe(files, precision, initial_state, warmup)
 
     def __repr__(self) -> str:
         return (

@@ -14,6 +14,7 @@ from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.engine import ENGINES, engine_class, make_engine
 from elmo_cache.builder.options import ENGINES as OPTION_ENGINES
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
+from elmo_cache.model import sources
 from elmo_cache.model.sources import ModelFiles
 from elmo_cache.store.format import staging_path
 from tests._build_fixtures import corpus_lines, write_corpus
@@ -45,15 +46,15 @@ def test_describe_is_what_loading_would_give(tiny_model, tmp_path, initial_state
     """The build plans with Encoder.describe; its identity must be the loaded encoder's, key order included
     (the identity is written into every cache's metadata)."""
     named = ModelFiles("tiny-dir", tiny_model[0], tiny_model[1], "directory", directory=tmp_path)
-    for model in (tiny_model, named):
+    for model in (sources.resolve(tiny_model), named):
         described = Encoder.describe(model, precision="fp32", initial_state=initial_state)
         loaded = Encoder.load(model, device="cpu", initial_state=initial_state)
         assert list(described.identity.items()) == list(loaded.identity.items())
         assert described.output_dim == loaded.output_dim == 32
     # Precision is recorded as asked, without a device to check it against.
-    assert Encoder.describe(tiny_model, precision="bf16").identity["precision"] == "bf16"
+    assert Encoder.describe(named, precision="bf16").identity["precision"] == "bf16"
     with pytest.raises(InvalidParameterError, match="initial_state: 'hot' is not one of"):
-        Encoder.describe(tiny_model, initial_state="hot")
+        Encoder.describe(named, initial_state="hot")
 
 
 def test_a_local_build_never_imports_ray(tmp_path, tiny_model):

@@ -29,7 +29,6 @@ class ModelDescription:
 
 
 def model_identity(
-    *,
     name: str | None,
     options: dict[str, Any],
     weights_sha256: str | None,
