@@ -136,7 +136,7 @@ _PHASES = (
     ("elmo_cache.store._zarr_write", "finish_group", "finish group"),
     ("elmo_cache.builder.distributed", "first_pass", "first pass"),
     ("elmo_cache.builder.distributed", "_run_parts", "parts (ray)"),
-    ("elmo_cache.builder.distributed", "_finish", "finish"),
+    ("elmo_cache.builder.distributed", "RayRun.finish", "finish"),
 )
 
 

@@ -41,8 +41,9 @@ from elmo_cache.hardware import (
 from elmo_cache.model import formats, hub, sources
 from elmo_cache.model.bilm import BiLM, PackedBatch
 from elmo_cache.model.chars import ByteTokenIds, TokenIds
+from elmo_cache.model.identity import ModelDescription, model_identity
 from elmo_cache.model.options import ModelOptions
-from elmo_cache.model.sources import ModelSpec
+from elmo_cache.model.sources import ModelFiles, ModelSpec
 
 __all__ = [
     "Encoder",
@@ -64,6 +65,9 @@ WARMUP_TEXT = (
     "It was not clear how many people would be affected by the changes .",
     '" We are confident that this is the right decision , " she said .',
 )
+
+# What versions the warm initial state in an identity (Encoder.identity, Encoder.describe).
+_WARMUP_SHA256 = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
 
 DEFAULT_BATCH_TOKENS = 8192
 DEFAULT_WORD_CACHE_SIZE = 20000
@@ -217,18 +221,20 @@ class Encoder:
     @property
     def identity(self) -> dict[str, Any]:
         """What determines this encoder's vectors, JSON-serialisable (stored in cache metadata)."""
-        identity: dict[str, Any] = {
-            "name": self.name,
-            "options": self.options.to_dict() if self._options_dict is None else self._options_dict,
-            "weights_sha256": self.weights_sha256,
-            "initial_state": self.initial_state,
-            "precision": self.precision,
-        }
-        if self.directory is not None:
-            identity["directory"] = str(self.directory)
-        if self.initial_state == "warm":
-            identity["warmup_sha256"] = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
-        return identity
+        options = self.options.to_dict() if self._options_dict is None else self._options_dict
+        warmup = _WARMUP_SHA256 if self.initial_state == "warm" else None
+        return model_identity(
+            self.name, options, self.weights_sha256, self.initial_state, self.precision, self.directory, warmup
+        )
+
+    @classmethod
+    def describe(cls, files: ModelFiles, *, precision: str = "fp32", initial_state: str = "zero") -> ModelDescription:
+        """The identity and output width ``Encoder.load(files, precision=..., initial_state=...)`` would give,
+        read from the files without loading the weights (they are hashed, not parsed): what a build plans with."""
+        if initial_state not in INITIAL_STATES:
+            raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
+        warmup = _WARMUP_SHA256 if initial_state == "warm" else None
+        return formats.describe(files, precision, initial_state, warmup)
 
     def __repr__(self) -> str:
         return (

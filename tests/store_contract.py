@@ -11,6 +11,7 @@ or edit a cache in its layout); this module holds no test of its own.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import h5py
@@ -22,7 +23,7 @@ import elmo_cache
 from elmo_cache import store
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
 from elmo_cache.quantize import Quantization
-from elmo_cache.store import Layout, Progress
+from elmo_cache.store import Layout, OutputKind, OutputState, Progress
 from elmo_cache.store.format import (
     ARRAYS,
     FORMAT_NAME,
@@ -190,6 +191,36 @@ class StoreContract:
         for foreign in (other, tmp_path / "text.txt", tmp_path / "absent"):
             assert not container.owns(foreign)
             assert container.read_metadata(foreign) is None
+
+    def test_inspect_says_what_a_build_finds_at_the_output(self, output, tmp_path):
+        container = store.container(self.fmt)
+        fresh = container.inspect(output)
+        assert fresh == OutputState(OutputKind.FRESH, self.fmt)
+        self.write(output, _sentences(5, seed=15), finalize=False)
+        resumable = container.inspect(output)
+        assert resumable.kind is OutputKind.RESUMABLE and resumable.meta is None
+        assert resumable.progress.lines == 5 and resumable.progress.done
+        assert store.inspect_output(output, self.fmt) == resumable
+        shutil.rmtree(staging_path(output))
+        self.write(output, _sentences(4, seed=16))
+        complete = container.inspect(output)
+        assert complete.kind is OutputKind.COMPLETE and complete.container == self.fmt and complete.progress is None
+        assert complete.meta == store.read_metadata(output) and complete.meta["n_sentences"] == 4
+        # Whatever format the build asks for, the container whose store is there answers.
+        other = next(name for name in store.container_names() if name != self.fmt)
+        assert store.inspect_output(output, other) == complete
+        assert store.container(other).inspect(output) is None
+        # A cache of ours that is not finished is in the way, and says so with its metadata.
+        self.set_metadata(output, complete=False)
+        occupied = container.inspect(output)
+        assert occupied.kind is OutputKind.OCCUPIED and occupied.meta["complete"] is False
+        # Something not ours: no container claims it, and the store calls it occupied, without metadata.
+        for foreign in (tmp_path / "notes.txt", tmp_path / "folder"):
+            foreign.mkdir() if foreign.suffix == "" else foreign.write_text("precious")
+            assert container.inspect(foreign) is None
+            assert store.inspect_output(foreign, self.fmt) == OutputState(
+                OutputKind.OCCUPIED, next(c.name for c in store.containers() if c.is_directory == foreign.is_dir())
+            )
 
     def test_output_appears_only_when_finished(self, output):
         writer = self.write(output, _sentences(5, seed=3), finalize=False)

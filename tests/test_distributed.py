@@ -255,3 +255,21 @@ def test_clear_errors(tiny_model, corpus, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     with pytest.raises(InvalidParameterError, match=r'pip install "elmo-cache\[ray\]"'):
         build(corpus, options(tiny_model, tmp_path / "x.zarr"), engine="ray")
+
+
+def test_the_driver_loads_no_encoder(tiny_model, tmp_path, monkeypatch):
+    """The driver plans from the model's files (its identity and width); only the workers load it."""
+    from elmo_cache import Encoder
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the driver loaded an encoder")
+
+    monkeypatch.setattr(Encoder, "load", no_loading)  # in this process only: the actors are other processes
+    lines = corpus_lines(200, seed=5)
+    corpus = write_corpus(tmp_path / "small.txt", lines)
+    summary = run(corpus, options(tiny_model, tmp_path / "small.zarr"))
+    assert summary.n_sentences == len(lines) and summary.parts_run >= 1
+    monkeypatch.undo()
+    reference = tmp_path / "small-ref.zarr"
+    build(corpus, options(tiny_model, reference))
+    assert_same_cache(tmp_path / "small.zarr", reference)

@@ -65,6 +65,13 @@ def test_tokens_are_cut_and_unknown_characters_are_oov(model_dir):
     assert ids.word_ids(["cat", "dog", "中文"]).tolist() == [WORDS.index("cat"), 0, WORDS.index("中文")]
 
 
+def test_describe_reads_the_identity_and_width_loading_gives(model_dir):
+    described = Encoder.describe(sources.resolve(str(model_dir)), initial_state="warm")
+    loaded = Encoder.load(model_dir, device="cpu", initial_state="warm")
+    assert list(described.identity.items()) == list(loaded.identity.items())
+    assert described.output_dim == loaded.output_dim == 2 * P
+
+
 @pytest.mark.parametrize(
     "config_path",
     ["/home/author/elmo/cfg.json", "C:\\Users\\author\\elmo\\cfg.json", "cfg.json", "sub/../cfg.json"],

@@ -5,9 +5,12 @@
   and what to do about a cache or an interrupted build already at the output;
 * :mod:`~elmo_cache.builder.dedupe`: which sentences are repeats and where their rows are;
 * :mod:`~elmo_cache.builder.encoding`: the window cuts and window encoding both engines share;
-* :mod:`~elmo_cache.builder.pipeline`: the reader, encoder and writer threads, and :func:`build`;
-* :mod:`~elmo_cache.builder.firstpass` and :mod:`~elmo_cache.builder.distributed`: the same build
-  on a Ray cluster (``build(..., engine="ray")``; imports ray only when used).
+* :mod:`~elmo_cache.builder.skeleton`: :func:`build`, every build's steps whichever engine runs it;
+* :mod:`~elmo_cache.builder.engine`: the engine seam (:class:`~elmo_cache.builder.engine.Engine`) and
+  its registry;
+* :mod:`~elmo_cache.builder.pipeline`: the local engine, reader, encoder and writer threads;
+* :mod:`~elmo_cache.builder.distributed` (with ``firstpass``, ``_parts``, ``_stitch``): the ray
+  engine, the same build on a Ray cluster (``build(..., engine="ray")``; imports ray only when used).
 
 (The package is ``builder`` because ``elmo_cache.build`` is the public function.)
 """
@@ -15,7 +18,6 @@
 from __future__ import annotations
 
 from elmo_cache.builder.options import BuildOptions, BuildSummary
-from elmo_cache.builder.pipeline import build
 from elmo_cache.builder.plan import (
     DEFAULT_CHUNK_ROWS,
     default_chunk_rows,
@@ -23,6 +25,7 @@ from elmo_cache.builder.plan import (
     default_shard_rows,
     resolve_output,
 )
+from elmo_cache.builder.skeleton import build
 
 __all__ = [
     "BuildOptions",

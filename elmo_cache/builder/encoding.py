@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,7 +31,6 @@ __all__ = [
     "WindowEncoder",
     "assign_window",
     "default_batch_tokens",
-    "encoder_for",
     "WINDOW_MAX_SENTENCES",
 ]
 
@@ -43,19 +42,6 @@ WINDOW_MAX_SENTENCES = 1 << 16
 def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
     """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type."""
     return options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
-
-
-def encoder_for(options: BuildOptions, **overrides: Any) -> Encoder:
-    """The encoder ``options`` name (``overrides`` replace keyword arguments of ``Encoder.load``)."""
-    from elmo_cache.encoder import Encoder
-
-    kwargs: dict[str, Any] = {
-        "device": options.device,
-        "precision": options.precision,
-        "initial_state": options.initial_state,
-        **overrides,
-    }
-    return Encoder.load(options.model, options_file=options.options_file, weight_file=options.weight_file, **kwargs)
 
 
 @dataclass

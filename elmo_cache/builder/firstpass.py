@@ -20,16 +20,19 @@ import numpy as np
 
 from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
-from elmo_cache.builder.plan import DISTRIBUTED_PLAN_FILE
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._staging import RawColumn, atomic_write_json, encode_tokens, fsync_path
 from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash, split_key
 
-__all__ = ["FirstPass", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature"]
+__all__ = ["FirstPass", "PLAN_DIR", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature"]
 
-PLAN_FILE = DISTRIBUTED_PLAN_FILE
+PLAN_DIR = "plan"
+"""Folder of the staging's build folder holding the plan."""
+
+PLAN_FILE = "plan.json"
+"""Written last into :data:`PLAN_DIR`: the plan is finished when it exists (and the staging is the ray engine's)."""
 
 # name -> (dtype, item shape) of the plan's raw files, one item per sentence (windows: per window).
 _COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {

@@ -7,12 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elmo_cache.builder.engine import ENGINES
 from elmo_cache.selection import MixSpec
 
 __all__ = ["ENGINES", "BuildOptions", "BuildSummary", "disk_bytes"]
-
-ENGINES = ("local", "ray")
-"""Valid ``engine`` values of :func:`elmo_cache.build`: one process, or workers on a Ray cluster."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
-"""``build``: walk a corpus once and write its ELMo vectors into a cache (docs/FORMAT.md).
+"""The local engine of ``build``: walk a corpus once and write its ELMo vectors into a cache (docs/FORMAT.md).
 
-Three stages overlap, each in its own thread, so the build runs at the encoder's speed:
+The build's steps (plan, output, summary) are :mod:`elmo_cache.builder.skeleton`'s; this engine
+runs and finishes it in one process. Three stages overlap, each in its own thread, so the build
+runs at the encoder's speed:
 
 * a reader streams the corpus and cuts it into *windows* of about ``window_batches *
   batch_tokens`` tokens (a deterministic function of the corpus, see below);
@@ -17,39 +19,34 @@ compared with the stored ones, so a corpus that changed in the meantime is an er
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from elmo_cache.builder.dedupe import SeenSentences
-from elmo_cache.builder.encoding import (
-    Window,
-    WindowCutter,
-    WindowEncoder,
-    assign_window,
-    default_batch_tokens,
-    encoder_for,
-)
-from elmo_cache.builder.options import ENGINES, BuildOptions, BuildSummary, disk_bytes
-from elmo_cache.builder.plan import Plan, identity, make_plan, metadata, open_corpus, options_json, prepare_output
+from elmo_cache.builder.encoding import Window, WindowCutter, WindowEncoder, assign_window, default_batch_tokens
+from elmo_cache.builder.engine import BuildJob, Finished
+from elmo_cache.builder.options import BuildOptions
+from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
-from elmo_cache.store import Layout, Progress, Writer, writer_class
-from elmo_cache.store.lock import output_lock
+from elmo_cache.store import Layout, OutputKind, OutputState, Progress, Writer, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
 if TYPE_CHECKING:
     from elmo_cache.encoder import Encoder
 
-__all__ = ["build"]
+__all__ = ["LocalEngine", "LocalRun", "load_encoder"]
 
 
 @dataclass
@@ -199,123 +196,113 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def build(
-    corpus: str | os.PathLike[str] | Corpus,
-    options: BuildOptions | None = None,
-    encoder: Encoder | None = None,
-    *,
-    engine: str = "local",
-    address: str | None = None,
-    workers: int | None = None,
-) -> BuildSummary:
-    """Encode every line of ``corpus`` and write the cache; returns a :class:`BuildSummary`.
+class LocalEngine:
+    """The one-process engine: reader, encoder and writer threads (see the module docstring)."""
 
-    ``corpus``: a path (``-`` for stdin; gzip is detected) or a :class:`~elmo_cache.text.corpus.Corpus`.
-    ``encoder``: an :class:`~elmo_cache.Encoder` to use instead of loading ``options.model``.
-    Running the same build again after an interruption (even ``kill -9``) resumes it and
-    ends with the cache an uninterrupted build writes; on a complete cache it does nothing.
-    Raises :class:`~elmo_cache.errors.CacheExistsError` when the output holds a cache or an
-    interrupted build made with other options (unless ``overwrite``),
-    :class:`~elmo_cache.errors.CorpusError` for unreadable input (lines before the bad one are
-    committed first), :class:`~elmo_cache.errors.InvalidParameterError` for bad options.
+    name = "local"
 
-    ``engine="ray"`` builds the same cache on a Ray cluster (``pip install "elmo-cache[ray]"``; zarr
-    only): ``address`` names the cluster (None: a local one), ``workers`` the encoder actors; see
-    :func:`elmo_cache.builder.distributed.build_distributed` and docs/DISTRIBUTED.md.
-    """
-    options = options or BuildOptions()
-    if engine not in ENGINES:
-        raise InvalidParameterError(f"engine: {engine!r} is not valid; choose from {list(ENGINES)}")
-    if engine == "ray":
-        if encoder is not None:
-            raise InvalidParameterError(
-                "encoder: the ray engine loads the model in every worker; name it in the options instead"
-            )
-        from elmo_cache.builder.distributed import build_distributed
+    def __init__(self, encoder: Encoder | None = None):
+        # The encoder given to build(), used instead of loading the model.
+        self.given = encoder
+        # The encoder the windows are encoded with, set by session().
+        self.encoder: Encoder | None = None
 
-        return build_distributed(corpus, options, address=address, workers=workers)
-    if address is not None or workers is not None:
-        raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
-    source = open_corpus(corpus, options)
-    plan = make_plan(source, options)
-    with output_lock(plan.output):
-        return _build_locked(source, plan, options, encoder)
+    @classmethod
+    def from_arguments(cls, *, encoder: Encoder | None, address: str | None, workers: int | None) -> LocalEngine:
+        if address is not None or workers is not None:
+            raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
+        return cls(encoder)
+
+    def check(self, source: Corpus, plan: Plan) -> None:
+        """Any corpus and container: nothing to refuse."""
+
+    @contextmanager
+    def session(self, job: BuildJob) -> Iterator[None]:
+        # Loaded before the output is touched: a model that cannot load (a precision this CPU lacks)
+        # must not cost an --overwrite its old cache.
+        self.encoder = self.given if self.given is not None else load_encoder(job)
+        yield
+
+    def interrupted(self, output: Path, found: OutputState) -> bool:
+        return found.progress is not None  # the writer's committed progress (Container.inspect)
+
+    def start(self, job: BuildJob, found: OutputState) -> LocalRun:
+        assert self.encoder is not None, "start() runs inside session()"
+        return LocalRun(job, self.encoder, found)
 
 
-def _build_locked(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder | None) -> BuildSummary:
-    """The local build of ``plan``, with the output's lock held."""
-    if encoder is None:
-        encoder = encoder_for(options)
-    elif getattr(encoder, "initial_state", "zero") == "carry":
-        raise InvalidParameterError(
-            "encoder: initial_state 'carry' makes vectors depend on batch order; use 'zero' or 'warm'"
-        )
-    plan = plan.with_model(encoder.output_dim)
-    row_shape = plan.row_shape(encoder.output_dim)
-    ident = identity(plan, encoder.identity, encoder.output_dim, dedupe=bool(options.dedupe))
-    run_start = time.monotonic()
+def load_encoder(job: BuildJob) -> Encoder:
+    """The encoder of the job's model files, on the options' device."""
+    from elmo_cache.encoder import Encoder
 
-    action, state = prepare_output(plan, ident, options.overwrite)
-    if action == "complete":
-        meta = state
-        return BuildSummary(
-            plan.output,
-            plan.format,
-            meta["n_sentences"],
-            meta["n_tokens"],
-            meta["n_rows"],
-            meta["n_unique"],
-            disk_bytes(plan.output),
-            0.0,
-            0.0,
-            already_complete=True,
-        )
-
-    layout = Layout(plan.format, row_shape, plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows)
-    build_info: dict[str, Any] = {"args": options_json(options), "input": source.describe()}
-    cls = writer_class(plan.format)
-    try:
-        if action == "resume":
-            writer = cls.resume(plan.output, layout, state)
-        else:
-            progress = Progress(identity=ident, started=_now())
-            meta = metadata(
-                ident, progress, complete=False, n_unique=0, build_info={**build_info, "started": progress.started}
-            )
-            writer = cls.create(plan.output, layout, progress, meta)
-    except OSError as exc:
-        raise ElmoCacheError(f"cannot write the build of {plan.output} ({exc})") from None
-    progress = writer.progress
-    resumed_from, tokens_from = progress.lines, progress.tokens
-
-    if not progress.done:
-        _run(source, plan, options, encoder, writer, run_start)
-
-    hashes, _ = writer.index()
-    build_info.update(
-        started=progress.started,
-        finished=_now(),
-        seconds=round(progress.seconds, 3),
-        tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
+    options = job.options
+    return Encoder.load(
+        job.model_files, device=options.device, precision=options.precision, initial_state=options.initial_state
     )
-    meta = metadata(ident, progress, complete=True, n_unique=len(hashes), build_info=build_info)
-    try:
-        path = writer.finalize(meta)
-    except OSError as exc:
-        raise ElmoCacheError(f"cannot finish {plan.output} ({exc}); rerun the same command to retry") from None
-    seconds = time.monotonic() - run_start
-    return BuildSummary(
-        path,
-        plan.format,
-        progress.lines,
-        progress.tokens,
-        progress.rows,
-        len(hashes),
-        disk_bytes(path),
-        seconds,
-        (progress.tokens - tokens_from) / max(seconds, 1e-9),
-        resumed_from=resumed_from,
-    )
+
+
+class LocalRun:
+    """One local build from its staging (created, or resumed from its last commit) to the published cache."""
+
+    def __init__(self, job: BuildJob, encoder: Encoder, found: OutputState):
+        self.job = job
+        self.encoder = encoder
+        # This run's wall time counts from here: after the model loaded.
+        self.began = time.monotonic()
+        plan, options = job.plan, job.options
+        row_shape = plan.row_shape(job.model.output_dim)
+        layout = Layout(plan.format, row_shape, plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows)
+        self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
+        cls = writer_class(plan.format)
+        if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)
+            check_resumed(staging_path(plan.output), found.progress.identity, job.identity)
+        try:
+            if found.kind is OutputKind.RESUMABLE:
+                assert found.progress is not None
+                self.writer = cls.resume(plan.output, layout, found.progress)
+            else:
+                progress = Progress(identity=job.identity, started=_now())
+                meta = metadata(
+                    job.identity,
+                    progress,
+                    complete=False,
+                    n_unique=0,
+                    build_info={**self.build_info, "started": progress.started},
+                )
+                self.writer = cls.create(plan.output, layout, progress, meta)
+        except OSError as exc:
+            raise ElmoCacheError(f"cannot write the build of {plan.output} ({exc})") from None
+        self.resumed_from, self.tokens_from = self.writer.progress.lines, self.writer.progress.tokens
+
+    def run(self) -> None:
+        if not self.writer.progress.done:
+            job = self.job
+            _run(job.source, job.plan, job.options, self.encoder, self.writer, self.began)
+
+    def finish(self) -> Finished:
+        plan, progress = self.job.plan, self.writer.progress
+        hashes, _ = self.writer.index()
+        self.build_info.update(
+            started=progress.started,
+            finished=_now(),
+            seconds=round(progress.seconds, 3),
+            tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
+        )
+        meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
+        try:
+            path = self.writer.finalize(meta)
+        except OSError as exc:
+            raise ElmoCacheError(f"cannot finish {plan.output} ({exc}); rerun the same command to retry") from None
+        return Finished(
+            path,
+            progress.lines,
+            progress.tokens,
+            progress.rows,
+            len(hashes),
+            time.monotonic() - self.began,
+            progress.tokens - self.tokens_from,
+            {"resumed_from": self.resumed_from},
+        )
 
 
 def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, writer: Writer, run_start: float) -> None:

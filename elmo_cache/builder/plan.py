@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.quantize import Quantization, parse_quantize
 from elmo_cache.selection import MixSpec, Selection
-from elmo_cache.store import Progress, container_at, infer_format, load_progress, read_metadata, remove_output
+from elmo_cache.store import OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
 from elmo_cache.store.container import container_names, get_container
 from elmo_cache.store.format import (
     BUILD_DIR,
@@ -38,11 +38,12 @@ from elmo_cache.store.format import (
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.formats import check_input_format
 
+if TYPE_CHECKING:
+    from elmo_cache.builder.engine import Engine
+
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_ROWS",
-    "DISTRIBUTED_PLAN_DIR",
-    "DISTRIBUTED_PLAN_FILE",
     "IDENTITY_KEYS",
     "Plan",
     "default_chunk_rows",
@@ -56,14 +57,8 @@ __all__ = [
     "metadata",
     "options_json",
     "prepare_output",
+    "check_resumed",
 ]
-
-DISTRIBUTED_PLAN_DIR = "plan"
-"""Folder of the staging's build folder holding a distributed build's plan (elmo_cache.builder.firstpass)."""
-
-DISTRIBUTED_PLAN_FILE = "plan.json"
-"""Written last into :data:`DISTRIBUTED_PLAN_DIR`: the plan is finished when it exists."""
-
 
 DEFAULT_CHUNK_BYTES = 3 * 2**20
 """Largest zarr ``vectors`` chunk the default allows (see :func:`default_chunk_rows`)."""
@@ -330,50 +325,63 @@ def options_json(options: BuildOptions) -> dict[str, Any]:
     return out
 
 
-def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool) -> tuple[str, Any]:
-    """Decide what to do about what is already at the output.
+def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool, engines: Sequence[Engine]) -> OutputState:
+    """Decide what to do about what is already at the output, for a build by ``engines[0]``.
 
-    Returns ("complete", meta), ("resume", progress) or ("fresh", None).
+    Returns the output's state (:meth:`Container.inspect <elmo_cache.store.container.Container.inspect>`):
+    COMPLETE (the same cache is there: nothing to do), RESUMABLE (the staging holds an interrupted build of
+    ``engines[0]``, which checks it is the same build when it starts) or FRESH (nothing is left there).
+    Raises :class:`CacheExistsError` for anything else, unless ``overwrite`` (then everything goes).
+    The other ``engines`` only say whose interrupted build the staging holds.
     """
     output = plan.output
     staging = staging_path(output)
-    if output.exists() or output.is_symlink():
-        meta = read_metadata(output)
-        if not overwrite:
-            if meta is None:
-                raise CacheExistsError(
-                    f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
-                    "or pass --overwrite to replace it"
-                )
-            there = {**meta, "container": container_at(output)}
-            if _comparable(there) != _comparable(identity):
-                raise CacheExistsError(
-                    f"{output} was built with other options ({differences(there, identity)}); "
-                    "pass --overwrite to rebuild it"
-                )
-            if meta.get("complete") is True:
-                remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
-                if staging.exists():
-                    remove_output(staging)
-                return "complete", meta
+    if overwrite:
+        if output.exists() or output.is_symlink():
+            remove_output(output)
+        if staging.exists():
+            remove_output(staging)
+        return OutputState(OutputKind.FRESH, plan.format)
+    found = inspect_output(output, plan.format)
+    if found.kind in (OutputKind.COMPLETE, OutputKind.OCCUPIED):
+        meta = found.meta
+        if meta is None:
+            raise CacheExistsError(
+                f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
+                "or pass --overwrite to replace it"
+            )
+        there = {**meta, "container": found.container}
+        if _comparable(there) != _comparable(identity):
+            raise CacheExistsError(
+                f"{output} was built with other options ({differences(there, identity)}); "
+                "pass --overwrite to rebuild it"
+            )
+        if found.kind is OutputKind.OCCUPIED:
             raise CacheExistsError(
                 f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
             )
-        remove_output(output)
-    if staging.exists():
-        if not overwrite and (staging / BUILD_DIR / DISTRIBUTED_PLAN_DIR / DISTRIBUTED_PLAN_FILE).is_file():
-            raise CacheExistsError(
-                f"{staging} holds an interrupted build of the ray engine; rerun it with --engine ray to resume it, "
-                "or pass --overwrite to discard it"
-            )
-        progress = None if overwrite else load_progress(output)
-        if progress is not None:
-            if _comparable(progress.identity) != _comparable(identity):
-                raise CacheExistsError(
-                    f"{staging} holds an interrupted build with other options "
-                    f"({differences(progress.identity, identity)}); "
-                    "rerun it with its own options to resume it, or pass --overwrite to discard it"
-                )
-            return "resume", progress
+        remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
+        if staging.exists():
+            remove_output(staging)
+        return found
+    if not staging.exists():
+        return found
+    owner = next((engine for engine in engines if engine.interrupted(output, found)), None)
+    if owner is None:  # an unfinished start (a first pass, a staging without a commit): nothing to keep
         remove_output(staging)
-    return "fresh", None
+        return OutputState(OutputKind.FRESH, plan.format)
+    if owner.name != engines[0].name:
+        raise CacheExistsError(
+            f"{staging} holds an interrupted build of the {owner.name} engine; rerun it with --engine {owner.name} "
+            "to resume it, or pass --overwrite to discard it"
+        )
+    return dataclasses.replace(found, kind=OutputKind.RESUMABLE)
+
+
+def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]) -> None:
+    """Raise :class:`CacheExistsError` unless the interrupted build in ``staging`` (identity ``there``) is this one."""
+    if _comparable(there) != _comparable(identity):
+        raise CacheExistsError(
+            f"{staging} holds an interrupted build with other options ({differences(there, identity)}); "
+            "rerun it with its own options to resume it, or pass --overwrite to discard it"
+        )

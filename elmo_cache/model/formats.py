@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elmo_cache.model.chars import ByteTokenIds, TokenIds
+from elmo_cache.model.identity import ModelDescription, model_identity
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import ElmoWeights
 
 if TYPE_CHECKING:
     from elmo_cache.model.sources import ModelFiles
 
-__all__ = ["BILM_TF", "EFML", "FORMATS", "LoadedModel", "load", "fingerprint"]
+__all__ = ["BILM_TF", "EFML", "FORMATS", "LoadedModel", "load", "fingerprint", "output_dim", "describe"]
 
 BILM_TF = "bilm-tf"
 EFML = "elmoformanylangs"
@@ -69,3 +70,23 @@ def fingerprint(files: ModelFiles) -> tuple[str, dict[str, Any]]:
     from elmo_cache.model import hub
 
     return hub.file_sha256(files.weight_file), ModelOptions.from_file(files.options_file).to_dict()
+
+
+def output_dim(files: ModelFiles) -> int:
+    """The width of the model's output layers, from its options alone (no weight is read)."""
+    if files.format == EFML:
+        from elmo_cache.model import efml
+
+        options, _ = efml.parse_config(*efml.read_config(_directory(files)))
+        return options.output_dim
+    return ModelOptions.from_file(files.options_file).output_dim
+
+
+def describe(files: ModelFiles, precision: str, initial_state: str, warmup_sha256: str | None) -> ModelDescription:
+    """The identity and width of an encoder of ``files`` (see :meth:`Encoder.describe
+    <elmo_cache.Encoder.describe>`, which knows the warm-up text), from the files alone."""
+    weights_sha256, options = fingerprint(files)
+    identity = model_identity(
+        files.name, options, weights_sha256, initial_state, precision, files.directory, warmup_sha256
+    )
+    return ModelDescription(identity, output_dim(files))

@@ -8,12 +8,49 @@ a vector, so the same files under another name or in another folder are the same
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["MODEL_KEYS", "model_differences", "same_model", "comparable_model"]
+__all__ = ["MODEL_KEYS", "ModelDescription", "model_identity", "model_differences", "same_model", "comparable_model"]
 
 MODEL_KEYS = ("weights_sha256", "options", "initial_state", "precision", "warmup_sha256")
 """The identity entries that determine the vectors, in the order differences are reported."""
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a build needs to know of a model before (or without) loading it."""
+
+    # The identity an encoder of the model records (Encoder.identity), stored in each cache as "model".
+    identity: dict[str, Any]
+    # The width of every output layer (Encoder.output_dim).
+    output_dim: int
+
+
+def model_identity(
+    name: str | None,
+    options: dict[str, Any],
+    weights_sha256: str | None,
+    initial_state: str,
+    precision: str,
+    directory: Path | None,
+    warmup_sha256: str | None,
+) -> dict[str, Any]:
+    """A model identity (:attr:`Encoder.identity <elmo_cache.Encoder.identity>`): the one place its keys
+    and their order are written, so one read from a model's files equals a loaded encoder's byte for byte."""
+    identity: dict[str, Any] = {
+        "name": name,
+        "options": options,
+        "weights_sha256": weights_sha256,
+        "initial_state": initial_state,
+        "precision": precision,
+    }
+    if directory is not None:
+        identity["directory"] = str(directory)
+    if warmup_sha256 is not None:
+        identity["warmup_sha256"] = warmup_sha256
+    return identity
 
 
 def comparable_model(identity: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from elmo_cache.errors import (
 from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
 from elmo_cache.store.container import (
     Container,
+    OutputKind,
+    OutputState,
     container_for_suffix,
     container_names,
     containers,
@@ -69,6 +71,9 @@ __all__ = [
     "write_vectors_file",
     "container",
     "container_at",
+    "inspect_output",
+    "OutputKind",
+    "OutputState",
     "writer_class",
     "infer_format",
     "detect",
@@ -155,6 +160,24 @@ def open_with_library(path: Path) -> tuple[str, Any, dict[str, Any], Callable[[]
 def container_at(path: Path) -> str:
     """The name of the container of the store at ``path`` (by its owner, else by its shape: directory or file)."""
     return _by_shape(path).name
+
+
+def inspect_output(output: Path, format: str) -> OutputState:
+    """What a build of ``output`` in container ``format`` finds there (:meth:`Container.inspect`).
+
+    The container whose store is at ``output`` answers, whatever ``format`` is (a build then sees that it
+    differs); a foreign file or folder is OCCUPIED, without metadata; when nothing is there, ``format``'s
+    container answers from the staging folder."""
+    if not output.exists() and not output.is_symlink():
+        state = get_container(format).inspect(output)
+        assert state is not None  # nothing at the output is every container's to describe
+        return state
+    for known in containers():
+        state = known.inspect(output)
+        if state is not None:
+            return state
+    # No container owns it: name the one of its shape (no signature is read again).
+    return OutputState(OutputKind.OCCUPIED, next(c for c in containers() if c.is_directory == output.is_dir()).name)
 
 
 def _by_shape(path: Path) -> Container:

@@ -15,6 +15,7 @@ import numpy as np
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.store import hdf5
 from elmo_cache.store._staging import Writer
+from elmo_cache.store.container import OutputState, inspect_store
 from elmo_cache.store.format import checksum
 
 __all__ = ["Hdf5Container"]
@@ -75,6 +76,11 @@ class Hdf5Container:
 
     def read_metadata(self, path: Path) -> dict[str, Any] | None:
         return hdf5.read_metadata(path)
+
+    def inspect(self, output: Path) -> OutputState | None:
+        if (output.exists() or output.is_symlink()) and not self.owns(output):
+            return None
+        return inspect_store(self, output, hdf5.read_owned_metadata)  # the signature was just read
 
     def checksum_problems(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any]) -> tuple[list[str], str]:
         found: list[str] = []

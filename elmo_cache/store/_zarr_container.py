@@ -14,6 +14,7 @@ from typing import Any
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.store import zarr
 from elmo_cache.store._staging import Writer
+from elmo_cache.store.container import OutputState, inspect_store
 from elmo_cache.store.format import CHECKSUMS_FILE, ZARR_JSON
 
 __all__ = ["ZarrContainer"]
@@ -68,6 +69,11 @@ class ZarrContainer:
 
     def read_metadata(self, path: Path) -> dict[str, Any] | None:
         return zarr.read_metadata(path)
+
+    def inspect(self, output: Path) -> OutputState | None:
+        if (output.exists() or output.is_symlink()) and not self.owns(output):
+            return None
+        return inspect_store(self, output, zarr.read_metadata)
 
     def checksum_problems(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any]) -> tuple[list[str], str]:
         try:

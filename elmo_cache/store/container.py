@@ -7,6 +7,9 @@ write one output at once), and its own structure and checksum checks for ``verif
 build, the reader, ``verify`` and the server ask the registry; none of them branches on a
 format's name.
 
+A build asks :meth:`Container.inspect` what is at its output (:class:`OutputState`): a finished cache,
+something else, an interrupted build its writer resumes, or nothing.
+
 Adding a format: one module with a class implementing :class:`Container`, one line in
 :func:`_builtin` (or :func:`register_container` from outside), and one subclass of the store
 contract tests (``tests/test_store_contract.py``).
@@ -16,22 +19,71 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from elmo_cache.errors import InvalidParameterError
 
 if TYPE_CHECKING:
-    from elmo_cache.store._staging import Writer
+    from elmo_cache.store._staging import Progress, Writer
 
 __all__ = [
     "Container",
+    "OutputKind",
+    "OutputState",
+    "inspect_store",
     "register_container",
     "get_container",
     "container_names",
     "containers",
     "container_for_suffix",
 ]
+
+
+class OutputKind(Enum):
+    """What a build finds at its output (:class:`OutputState`)."""
+
+    # A finished cache: nothing to build.
+    COMPLETE = "complete"
+    # Something that is not a finished cache (a foreign file or folder, an unfinished cache): only
+    # --overwrite replaces it.
+    OCCUPIED = "occupied"
+    # Nothing at the output, and its staging holds a build the container's writer resumes.
+    RESUMABLE = "resumable"
+    # Nothing at the output, nor a build to resume (a staging folder may still hold another kind of build).
+    FRESH = "fresh"
+
+
+@dataclass(frozen=True)
+class OutputState:
+    """The answer of :meth:`Container.inspect`: what is at a build's output, read once."""
+
+    # Which of the four cases it is.
+    kind: OutputKind
+    # The container answering: the one whose store is at the output (COMPLETE, OCCUPIED), else the one asked.
+    container: str
+    # The elmo-cache metadata at the output (COMPLETE; OCCUPIED by an unfinished cache), else None.
+    meta: dict[str, Any] | None = None
+    # The committed progress of the interrupted build in the staging folder (RESUMABLE only).
+    progress: Progress | None = None
+
+
+def inspect_store(
+    container: Container, output: Path, read_metadata: Callable[[Path], dict[str, Any] | None]
+) -> OutputState:
+    """:meth:`Container.inspect` for a container whose store at ``output`` it already owns (``read_metadata``
+    reads it without checking that again), or when nothing is at ``output``."""
+    from elmo_cache.store._staging import load_progress
+
+    if output.exists() or output.is_symlink():
+        meta = read_metadata(output)
+        complete = meta is not None and meta.get("complete") is True
+        return OutputState(OutputKind.COMPLETE if complete else OutputKind.OCCUPIED, container.name, meta=meta)
+    progress = load_progress(output)
+    kind = OutputKind.FRESH if progress is None else OutputKind.RESUMABLE
+    return OutputState(kind, container.name, progress=progress)
 
 
 @runtime_checkable
@@ -77,6 +129,11 @@ class Container(Protocol):
 
     def read_metadata(self, path: Path) -> dict[str, Any] | None:
         """The elmo-cache metadata stored at ``path``, or None when it is not one of ours."""
+        ...
+
+    def inspect(self, output: Path) -> OutputState | None:
+        """What a build of ``output`` finds there, its metadata or progress read once (:class:`OutputState`);
+        None when something at ``output`` is not a store of this container (another may own it)."""
         ...
 
     def checksum_problems(self, path: Path, meta: dict[str, Any], arrays: dict[str, Any]) -> tuple[list[str], str]:

@@ -43,7 +43,15 @@ from elmo_cache.store.format import (
     vector_block_rows,
 )
 
-__all__ = ["Hdf5Writer", "is_store", "read_metadata", "open_arrays", "open_with_library", "little_endian"]
+__all__ = [
+    "Hdf5Writer",
+    "is_store",
+    "read_metadata",
+    "read_owned_metadata",
+    "open_arrays",
+    "open_with_library",
+    "little_endian",
+]
 
 # Rows copied per step when the vectors move into the HDF5 file (bounds memory, keeps writes large).
 _COPY_BYTES = 64 * 2**20
@@ -69,6 +77,11 @@ def read_metadata(path: Path) -> dict[str, Any] | None:
     """The elmo-cache metadata of the HDF5 file at ``path``, or None if it is not one of ours."""
     if not is_store(path):
         return None
+    return read_owned_metadata(path)
+
+
+def read_owned_metadata(path: Path) -> dict[str, Any] | None:
+    """:func:`read_metadata` of a file already known to be HDF5 (:func:`is_store`)."""
     try:
         with h5py.File(path, "r") as f:
             raw = f.attrs.get(META_KEY)
