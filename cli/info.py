@@ -71,7 +71,8 @@ def info_command(cache: str, as_json: bool) -> None:
             f"{meta.get('n_rows', 0):,} rows, {meta.get('n_unique', 0):,} distinct"
         )
     lines += [
-        f"stores:       {what}, dim {meta.get('dim')}, {meta.get('dtype')}, dedupe {meta.get('dedupe')}",
+        f"stores:       {what}, dim {meta.get('dim')}, {_storage(meta)}, dedupe {meta.get('dedupe')}",
+        f"tokens:       {meta.get('tokenization')}",
         f"storage:      compression {meta.get('compression')}, chunk_rows {meta.get('chunk_rows')}, "
         f"shard_rows {meta.get('shard_rows')}",
         f"model:        {model.get('name')} (weights sha256 {str(model.get('weights_sha256'))[:16]}..., "
@@ -88,3 +89,11 @@ def info_command(cache: str, as_json: bool) -> None:
             f"written by:   elmo-cache {meta.get('elmo_cache_version')}, format version {meta.get('format_version')}"
         )
     click.echo("\n".join(lines))
+
+
+def _storage(meta: dict) -> str:
+    """The stored dtype, and how a quantised cache's rows decode."""
+    quantization = meta.get("quantization")
+    if not isinstance(quantization, dict):
+        return str(meta.get("dtype"))
+    return f"{meta.get('dtype')} ({quantization.get('scheme')} codes, {quantization.get('scale')} scale per vector)"

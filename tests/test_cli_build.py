@@ -129,6 +129,7 @@ def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_enco
     meta, _ = raw_arrays(output)
     assert f"{meta['n_sentences']:,} sentences, {meta['n_tokens']:,} tokens, {meta['n_rows']:,} rows" in result.stdout
     assert "dedupe True" in result.stdout and "complete:     True" in result.stdout
+    assert "float32, dedupe" in result.stdout and "tokens:       whitespace" in result.stdout
     as_json = run("info", output, "--json")
     assert json.loads(as_json.stdout) == meta
 

@@ -207,6 +207,8 @@ def test_dataset_collate_export_and_cli(tmp_path, tiny_encoder, tiny_model, corp
         for i in range(len(cache)):
             assert f[str(i)].dtype == np.float32
             np.testing.assert_array_equal(f[str(i)][...], cache[i])
+    info = CliRunner().invoke(cli, ["info", str(output)])
+    assert info.exit_code == 0 and "int8 (int8 codes, float32 scale per vector)" in info.output
 
 
 def test_the_server_answers_floats_and_its_live_answers_are_rounded_as_its_hits(tmp_path, tiny_encoder):

@@ -113,7 +113,7 @@ class Layout:
     format: str
     # Shape of one row: (n_layers, dim) for layered caches, (dim,) for mixed ones.
     row_shape: tuple[int, ...]
-    # Storage dtype name: "float16" or "float32".
+    # Storage dtype name: "float16", "float32", or "int8" for quantised rows (codes and scale, elmo_cache.quantize).
     dtype: str
     # zarr rows per chunk (None for HDF5).
     chunk_rows: int | None = None
