@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from elmo_cache.builder.engine import ENGINES
 from elmo_cache.cli._options import SELECTION_FLAGS, model_options
 
 __all__ = ["build_command"]
@@ -97,7 +98,7 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
 )
 @click.option(
     "--engine",
-    type=click.Choice(["local", "ray"]),
+    type=click.Choice(list(ENGINES)),
     default="local",
     show_default=True,
     help="local: one process. ray: workers on a Ray cluster (pip install 'elmo-cache[ray]'; zarr only; "

@@ -255,17 +255,6 @@ def test_invalid_utf8_keeps_earlier_lines_and_resumes_after_the_fix(tmp_path, ti
     check_cache(output, lines, tiny_encoder.embed_batch([tokenize(x) for x in lines]))
 
 
-def test_errors_replace_stores_the_replacement_character(tmp_path, tiny_encoder):
-    path = tmp_path / "c.txt"
-    path.write_bytes(b"ok line\nbad \xff byte\n")
-    output = tmp_path / "c.h5"
-    build(path, BuildOptions(output=output, errors="replace", progress=False), encoder=tiny_encoder)
-    with elmo_cache.open(output) as cache:
-        np.testing.assert_allclose(
-            cache[1], tiny_encoder.embed_sentence(["bad", "\ufffd", "byte"]), rtol=1e-6, atol=1e-6
-        )
-
-
 def test_gzip_and_stdin_give_the_same_cache(tmp_path, corpus, tiny_encoder, monkeypatch):
     packed = tmp_path / "corpus.txt.gz"
     packed.write_bytes(gzip.compress(corpus.read_bytes()))
@@ -278,16 +267,6 @@ def test_gzip_and_stdin_give_the_same_cache(tmp_path, corpus, tiny_encoder, monk
         _, b = raw_arrays(tmp_path / other)
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
-
-
-def test_empty_corpus(tmp_path, tiny_encoder):
-    path = tmp_path / "empty.txt"
-    path.write_bytes(b"")
-    for output in (tmp_path / "e.zarr", tmp_path / "e.h5"):
-        summary = build(path, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
-        assert (summary.n_sentences, summary.n_tokens) == (0, 0)
-        with elmo_cache.open(output) as cache:
-            assert len(cache) == 0
 
 
 def test_default_chunks_hold_at_most_3_mib():
@@ -334,11 +313,6 @@ def test_bad_options_are_named(tmp_path, corpus, tiny_encoder, options, message)
         options = {**options, "output": tmp_path / options["output"]}
     with pytest.raises(InvalidParameterError, match=message):
         build(corpus, BuildOptions(progress=False, **options), encoder=tiny_encoder)
-
-
-def test_stdin_needs_an_output(tiny_encoder):
-    with pytest.raises(InvalidParameterError, match="stdin needs -o/--output"):
-        build("-", BuildOptions(progress=False), encoder=tiny_encoder)
 
 
 class _NoEncoding:

@@ -1,5 +1,6 @@
-"""Pre-tokenised input (issue 20, item 3): ``--input-format tsv|conllu``, tokens with spaces stored exactly,
-lookups by token list in the reader and the server, verify and export reading the corpus the same way."""
+"""Input: pre-tokenised corpora (issue 20, item 3: ``--input-format tsv|conllu``, tokens with spaces stored
+exactly, lookups by token list in the reader and the server, verify and export reading the corpus the same way),
+and awkward whitespace-split input (invalid UTF-8 replaced, empty corpora, stdin)."""
 
 from __future__ import annotations
 
@@ -140,6 +141,35 @@ def test_an_unknown_input_format_lists_the_valid_ones(tmp_path, tsv_corpus):
         Corpus(tsv_corpus, input_format="csv")
     with pytest.raises(InvalidParameterError, match="input_format: the options say 'tsv'"):
         build(Corpus(tsv_corpus), BuildOptions(output=tmp_path / "x.zarr", input_format="tsv"))
+
+
+# -- awkward lines input -----------------------------------------------------------------------------------
+
+
+def test_errors_replace_stores_the_replacement_character(tmp_path, tiny_encoder):
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"ok line\nbad \xff byte\n")
+    output = tmp_path / "c.h5"
+    build(path, BuildOptions(output=output, errors="replace", progress=False), encoder=tiny_encoder)
+    with elmo_cache.open(output) as cache:
+        np.testing.assert_allclose(
+            cache[1], tiny_encoder.embed_sentence(["bad", "\ufffd", "byte"]), rtol=1e-6, atol=1e-6
+        )
+
+
+def test_empty_corpus(tmp_path, tiny_encoder):
+    path = tmp_path / "empty.txt"
+    path.write_bytes(b"")
+    for output in (tmp_path / "e.zarr", tmp_path / "e.h5"):
+        summary = build(path, BuildOptions(output=output, progress=False), encoder=tiny_encoder)
+        assert (summary.n_sentences, summary.n_tokens) == (0, 0)
+        with elmo_cache.open(output) as cache:
+            assert len(cache) == 0
+
+
+def test_stdin_needs_an_output(tiny_encoder):
+    with pytest.raises(InvalidParameterError, match="stdin needs -o/--output"):
+        build("-", BuildOptions(progress=False), encoder=tiny_encoder)
 
 
 # -- build, read, verify, export -------------------------------------------------------------------------------
