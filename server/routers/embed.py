@@ -149,6 +149,9 @@ class EmbedRequest(BaseModel):
         if isinstance(data, dict):
             if "mix" in data and data["mix"] is None:
                 raise ValueError("mix: null is not a mix; leave mix out, or give three weights")
+            if "pool" in data and data["pool"] is None:
+                choices = [p.value for p in PoolName]
+                raise ValueError(f"pool: null is not a pool; leave pool out, or give one of {choices}")
             if "layers" in data and "mix" in data:
                 raise ValueError("layers and mix are exclusive: give one of them, not both")
             for key in ("gamma", "softmax"):
