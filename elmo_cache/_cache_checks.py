@@ -12,17 +12,16 @@ from elmo_cache.pooling import pooled_shape
 from elmo_cache.quantize import stored_row_shape
 from elmo_cache.store.format import ARRAYS, INDEX_DTYPES, OPTIONAL_ARRAYS, POOLED_ARRAY, TOKEN_ARRAYS, arrays_of
 
-__all__ = ["check_arrays", "INDEX_DTYPES_NP"]
+__all__ = ["check_arrays"]
 
-INDEX_DTYPES_NP = {name: np.dtype(dtype) for name, dtype in INDEX_DTYPES.items()}
-_INDEX_DTYPES = INDEX_DTYPES_NP
+_INDEX_DTYPES = {name: np.dtype(dtype) for name, dtype in INDEX_DTYPES.items()}
 
 
 def check_arrays(cache: Any, arrays: dict[str, Any]) -> None:
     """The checks of :func:`elmo_cache.open` on the arrays of ``cache`` (a :class:`~elmo_cache.reader.Cache`
     being opened: its path, metadata, completeness, version, kind, dim and dtype are set); arrays a version
     does not hold are set to None in ``arrays``. Raises :class:`CacheFormatError` naming the array at fault."""
-    self = cache
+    self = cache  # the checks moved here from Cache._check_arrays unchanged: they read the cache's attributes
     meta = self._metadata
     required = arrays_of(self.format_version)
     if not self.complete:
