@@ -8,6 +8,7 @@ import click
 
 from elmo_cache.builder.engine import ENGINES
 from elmo_cache.cli._options import SELECTION_FLAGS, model_options
+from elmo_cache.store.format import POOL_METHODS
 
 __all__ = ["build_command"]
 
@@ -56,6 +57,14 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     default=None,
     help="Store the vectors quantised: none (default) or int8 (one int8 code per value and one float32 scale per "
     "vector: about half the bytes of --fp16; reads return float32). Not with --fp16.",
+)
+@click.option(
+    "--pool",
+    type=click.Choice(["none", *POOL_METHODS]),
+    default=None,
+    help="Also store one vector per sentence: mean, max or first-last (the first and the last token's vectors "
+    "side by side) of its token vectors, per stored layer or of the mix, in float32 before any cast; read with "
+    "cache.sentence_vector(i) or GET /embed?pool=. Default none.",
 )
 @click.option(
     "--compression",
@@ -134,6 +143,7 @@ def build_command(
     mix_softmax: bool,
     fp16: bool,
     quantize: str | None,
+    pool: str | None,
     compression: str | None,
     chunk_rows: int | None,
     shard_rows: int | None,
@@ -171,6 +181,7 @@ def build_command(
         mix=selection.mix,
         fp16=fp16,
         quantize=quantize,
+        pool=pool,
         compression=compression,
         chunk_rows=chunk_rows,
         shard_rows=shard_rows,

@@ -73,6 +73,11 @@ def info_command(cache: str, as_json: bool) -> None:
     lines += [
         f"stores:       {what}, dim {meta.get('dim')}, {_storage(meta)}, dedupe {meta.get('dedupe')}",
         f"tokens:       {meta.get('tokenization')}",
+        *(
+            [f"pooled:       one {pool.get('method')} vector per sentence, {pool.get('dtype')}"]
+            if isinstance(pool := meta.get("pool"), dict)
+            else []
+        ),
         f"storage:      compression {meta.get('compression')}, chunk_rows {meta.get('chunk_rows')}, "
         f"shard_rows {meta.get('shard_rows')}",
         f"model:        {model.get('name')} (weights sha256 {str(model.get('weights_sha256'))[:16]}..., "

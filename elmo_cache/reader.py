@@ -22,25 +22,25 @@ from typing import Any
 import numpy as np
 
 from elmo_cache import store
+from elmo_cache._cache_checks import check_arrays
+from elmo_cache._pooled_read import PooledVectors, choose_pool, pool_of_sentence
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
-from elmo_cache.quantize import Quantization, QuantizedSentence, quantization_of, stored_row_shape
+from elmo_cache.pooling import Pool, pool_of
+from elmo_cache.quantize import Quantization, QuantizedSentence, quantization_of
 from elmo_cache.store._blocksums import BlockGuard, guards
 from elmo_cache.store.format import (
     ARRAYS,
     BLOCK_SUMS,
     FORMAT_VERSIONS,
-    INDEX_DTYPES,
+    OPTIONAL_ARRAYS,
+    POOLED_ARRAY,
     TEXT_ENCODING,
-    TOKEN_ARRAYS,
-    arrays_of,
     metadata_checksum,
     parse_metadata,
 )
 from elmo_cache.text.tokenize import is_storable, sentence_hash, sentence_key, split_key, tokenize
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
-
-_INDEX_DTYPES = {name: np.dtype(dtype) for name, dtype in INDEX_DTYPES.items()}
 
 
 def open(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> Cache:  # noqa: A001 - public API name
@@ -72,8 +72,9 @@ class Cache:
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
         self.path = Path(path)
         self._allow_incomplete = allow_incomplete
-        self.format, raw, arrays = store.open_arrays(self.path, (*ARRAYS, *BLOCK_SUMS.values()))
-        sums = {name: arrays.pop(BLOCK_SUMS[name]) for name in ARRAYS}
+        names = (*ARRAYS, *OPTIONAL_ARRAYS)
+        self.format, raw, arrays = store.open_arrays(self.path, (*names, *BLOCK_SUMS.values()))
+        sums = {name: arrays.pop(BLOCK_SUMS[name]) for name in names}
         meta = parse_metadata(self.path, raw)
         self._metadata = meta
         self.complete: bool = meta["complete"]
@@ -98,7 +99,9 @@ class Cache:
         self.stored_dtype: np.dtype = np.dtype(meta["dtype"])
         self.dtype: np.dtype = np.dtype(np.float32) if self.quantization is not None else self.stored_dtype
         self.format_version: int = meta["format_version"]
-        self._check_arrays(arrays)
+        # The pool of the stored sentence vectors (build --pool); None for a cache without them.
+        self.pool: Pool | None = pool_of(meta, self.path)
+        check_arrays(self, arrays)
         recorded = meta.get("checksums")
         # A few microseconds: metadata edited or bit-flipped after the build (a mix, a layer list) is caught
         # here, after the structure checks above, which name a disagreement with the arrays more precisely.
@@ -153,73 +156,12 @@ class Cache:
         # block sums (with them, the sums of 'offsets' and 'lengths' already do, at no cost per read).
         # With dedupe a repeat points back at earlier rows: only the bounds hold.
         self._consecutive = self.complete and meta.get("dedupe") is False and self._pair_guards is None
-
-    def _check_arrays(self, arrays: dict[str, Any]) -> None:
-        meta = self._metadata
-        required = arrays_of(self.format_version)
-        if not self.complete:
-            # An interrupted build may not have written its index and tokens yet: read the index as empty.
-            for name in ("index/hashes", "index/rows"):
-                if arrays[name] is None:
-                    arrays[name] = np.empty(0, dtype=_INDEX_DTYPES[name])
-            required = tuple(name for name in required if name not in TOKEN_ARRAYS or arrays[name] is not None)
-        for name in ARRAYS:
-            if name not in required:
-                arrays[name] = None  # a version-1 cache: whatever else is there is not ours to read
-        for name in required:
-            if arrays[name] is None:
-                raise CacheFormatError(f"{self.path}: array {name!r} is missing; the cache is corrupt (rebuild it)")
-        expected = {"vectors": self.stored_dtype, **_INDEX_DTYPES}
-        for name, dtype in expected.items():
-            if name not in required:
-                continue
-            got = np.dtype(arrays[name].dtype)
-            if got.kind != dtype.kind or got.itemsize != dtype.itemsize:
-                raise CacheFormatError(f"{self.path}: array {name!r} has dtype {got}, expected {dtype}")
-        vectors = arrays["vectors"]
-        want = stored_row_shape(meta)
-        if tuple(vectors.shape[1:]) != want:
-            raise CacheFormatError(
-                f"{self.path}: array 'vectors' has shape {tuple(vectors.shape)}, "
-                f"expected (n_rows, {', '.join(map(str, want))})"
-                f" for a {self.kind!r} cache of dim {self.dim}"
-            )
-        for a, b in (("offsets", "lengths"), ("index/hashes", "index/rows")):
-            if arrays[a].ndim != 1 or arrays[b].ndim != 1 or arrays[a].shape != arrays[b].shape:
-                raise CacheFormatError(
-                    f"{self.path}: arrays {a!r} {tuple(arrays[a].shape)} and {b!r} {tuple(arrays[b].shape)} "
-                    "must be 1-D and of the same length"
-                )
-        if self.complete:
-            counts = {
-                "n_sentences": ("offsets", arrays["offsets"].shape[0]),
-                "n_rows": ("vectors", vectors.shape[0]),
-                "n_unique": ("index/hashes", arrays["index/hashes"].shape[0]),
-            }
-            for key, (name, actual) in counts.items():
-                if key in meta and meta[key] != actual:
-                    raise CacheFormatError(
-                        f"{self.path}: metadata says {key} = {meta[key]} but array {name!r} has {actual} entries"
-                    )
-        if "tokens/offsets" in required:
-            starts, text = arrays["tokens/offsets"], arrays["tokens/bytes"]
-            n = arrays["offsets"].shape[0]
-            if starts.ndim != 1 or text.ndim != 1 or starts.shape[0] != n + 1:
-                raise CacheFormatError(
-                    f"{self.path}: array 'tokens/offsets' has shape {tuple(starts.shape)}, expected ({n + 1},) "
-                    f"(one more than the {n} sentences), and 'tokens/bytes' must be 1-D"
-                )
-            first, last = starts.item(0), starts.item(n)
-            if first != 0 or last != text.shape[0]:
-                raise CacheFormatError(
-                    f"{self.path}: array 'tokens/offsets' runs from {first} to {last} but 'tokens/bytes' holds "
-                    f"{text.shape[0]} bytes; the cache is corrupt"
-                )
-        for name in required:
-            # zarr: the first and last chunk files have the size the array's shape requires.
-            check = getattr(arrays[name], "check_files", None)
-            if check is not None:
-                check()
+        pooled = arrays.get(POOLED_ARRAY)
+        self._pooled = (
+            None
+            if pooled is None or self.pool is None
+            else PooledVectors(pooled, self.pool, self._guards.get(POOLED_ARRAY))
+        )
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -413,6 +355,31 @@ class Cache:
         row = self.find(sentence)
         return default if row is None else self._sentence(row)
 
+    def sentence_vector(self, sentence: Any, pool: str | None = None) -> np.ndarray | None:
+        """One vector for a whole sentence: by number (negative counts from the end), or by text or token
+        list (None when it is not cached, as :meth:`get`).
+
+        ``pool`` is ``"mean"``, ``"max"`` or ``"first-last"`` (docs/FORMAT.md, "Pooled sentence vectors"); None:
+        the cache's own (``build --pool``). The cache's own pool is read from its ``pooled`` array (memory-mapped,
+        its dtype); any other, or any pool of a cache built without one, is computed from the sentence's token
+        vectors by the same function in float32 (from the stored, possibly float16 or int8, values), and is
+        float32. Shape ``(n_layers, dim)``, or ``(dim,)`` for a mixed cache; ``first-last`` doubles ``dim``; an
+        empty sentence gives zeros.
+        """
+        self._require()
+        method = choose_pool(pool, self.pool, self.path)
+        if isinstance(sentence, (int, np.integer)):
+            i: int | None = self._position(sentence)
+        elif isinstance(sentence, (str, list, tuple)):
+            i = self.find(sentence)
+        else:
+            raise TypeError(f"sentence: expected a number, a text or a token list, got {type(sentence).__name__}")
+        if i is None:
+            return None
+        if self._pooled is not None and self._pooled.pool.method == method:
+            return self._pooled.row(i)
+        return pool_of_sentence(self._sentence(i), self._layered, method)
+
     def __contains__(self, sentence: object) -> bool:
         if isinstance(sentence, (str, list, tuple)):
             return self.find(sentence) is not None
@@ -425,7 +392,7 @@ class Cache:
         self._vectors = self._offsets = self._lengths = self._hashes = self._rows = None
         self._offset_at = self._length_at = self._read_rows = self._read_stored = None
         self._token_bytes = self._token_offsets = self._token_at = self._read_text = None
-        self._lengths_array = None
+        self._lengths_array = self._pooled = None
         self._guards, self._vector_guard, self._vector_ok, self._pair_guards, self._pair_ok = {}, None, None, None, None
 
     @property

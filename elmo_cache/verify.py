@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from elmo_cache._verify_pooled import check_pooled
 from elmo_cache._verify_sample import check_sample, choose, sampled_tokens, tolerance
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
 from elmo_cache.quantize import stored_row_shape
@@ -116,6 +117,9 @@ def verify(
             _check_structure(fmt, meta, arrays, report)
         except Exception as exc:  # zarr and h5py raise many types for damaged data
             report.problems.append(f"cannot read the arrays ({type(exc).__name__}: {exc})")
+        if report.problems:
+            return report
+        check_pooled(meta, arrays, report)
         if report.problems:
             return report
         stored: tuple[np.ndarray, list[bytes]] | None = None

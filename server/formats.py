@@ -45,6 +45,7 @@ def _item(embedding: Embedding, fmt: Format) -> dict[str, Any]:
         "tokens": embedding.tokens,
         "shape": list(vectors.shape),
         "dtype": vectors.dtype.name,
+        **({} if embedding.pool is None else {"pool": embedding.pool}),
     }
     if fmt is Format.base64:
         item["encoding"] = "base64-little-endian-c-order"
@@ -70,6 +71,7 @@ def render_one(embedding: Embedding, selection: Selection, fmt: Format) -> Respo
             "X-Elmo-Source": embedding.source,
             "X-Elmo-Shape": ",".join(str(n) for n in embedding.vectors.shape),
             "X-Elmo-Dtype": embedding.vectors.dtype.name,
+            **({} if embedding.pool is None else {"X-Elmo-Pool": embedding.pool}),
         }
         # ASCII-only JSON so any token survives the latin-1 header encoding; left out when long,
         # since HTTP clients refuse big header blocks (the tokens are the sentence split on whitespace).

@@ -29,6 +29,7 @@ from elmo_cache.quantize import live_as_cached
 from elmo_cache.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
+from elmo_cache.server.pooled import pooled_cached, pooled_empty, pooled_live
 from elmo_cache.server.settings import Settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.text.tokenize import sentence_key, tokenize
@@ -47,6 +48,7 @@ class Embedding:
     tokens: list[str]
     vectors: np.ndarray
     source: str  # "cache" or "live"
+    pool: str | None = None  # the pool of a pooled answer (one vector for the sentence), else None
 
 
 @dataclass
@@ -137,13 +139,18 @@ class EmbedService:
 
     # -- answering -----------------------------------------------------------------------------
 
-    async def embed(self, token_lists: list[list[str]], selection: Selection, timings: Timings) -> list[Embedding]:
-        """Answer every sentence, from the cache when possible, else live (404 when neither can)."""
+    async def embed(
+        self, token_lists: list[list[str]], selection: Selection, timings: Timings, pool: str | None = None
+    ) -> list[Embedding]:
+        """Answer every sentence, from the cache when possible, else live (404 when neither can); with ``pool``
+        one pooled vector per sentence (elmo_cache.server.pooled)."""
         answers: list[np.ndarray | None] = [None] * len(token_lists)
         if self.cache is not None:
             t0 = time.perf_counter()
             if self._cache_can_serve(selection):
-                answers = await self.pool.run(self.timeout_s, "reading the cache", self._lookup, token_lists, selection)
+                answers = await self.pool.run(
+                    self.timeout_s, "reading the cache", self._lookup, token_lists, selection, pool
+                )
             timings.add("cache", time.perf_counter() - t0)
             hits = sum(answer is not None for answer in answers)
             self.metrics.cache_hits.inc(hits)
@@ -159,10 +166,11 @@ class EmbedService:
             todo = [i for i in missing if token_lists[i]]
             for i in missing:
                 if not token_lists[i]:  # nothing to encode: an empty sentence has no vectors
-                    answers[i] = self._empty(selection)
+                    answers[i] = self._empty(selection, pool)
             if todo:
                 encoded, job = await self.batcher.submit(
-                    [token_lists[i] for i in todo], lambda arrays: [self.finish_live(a, selection) for a in arrays]
+                    [token_lists[i] for i in todo],
+                    lambda arrays: [self.finish_live(a, selection, pool) for a in arrays],
                 )
                 timings.add("queue", job.waited)
                 timings.add("encode", job.encoded)
@@ -172,7 +180,7 @@ class EmbedService:
         for vectors in answers:
             assert vectors is not None  # every sentence was answered above: cached, live or empty
             done.append(vectors)
-        return [Embedding(tokens, vectors, source) for tokens, vectors, source in zip(token_lists, done, sources)]
+        return [Embedding(t, vectors, source, pool) for t, vectors, source in zip(token_lists, done, sources)]
 
     def _not_found(self, token_lists: list[list[str]], missing: list[int]) -> NotInCacheError:
         if len(token_lists) == 1:
@@ -189,14 +197,26 @@ class EmbedService:
     def _cache_can_serve(self, selection: Selection) -> bool:
         return self.stored is not None and selection.answerable_from(self.stored)
 
-    def _lookup(self, token_lists: list[list[str]], selection: Selection) -> list[np.ndarray | None]:
+    def _lookup(
+        self, token_lists: list[list[str]], selection: Selection, pool: str | None = None
+    ) -> list[np.ndarray | None]:
         """Runs in a worker thread: reading the store may touch the disk."""
         cache = self.cache
         assert cache is not None
         out: list[np.ndarray | None] = []
         for tokens in token_lists:
             index = cache.find(tokens)
-            out.append(None if index is None else self.finish_cached(cache[index], selection))
+            if index is None:
+                out.append(None)
+            elif pool is not None:
+                assert self.stored is not None
+                pooled = pooled_cached(cache, index, selection, self.stored, pool, self.dtype)
+                if not np.isfinite(pooled).all():
+                    self.finish_cached(cache[index], selection)  # names a mix or gamma that overflows, or damage
+                    raise CacheFormatError("the cache holds non-finite values (NaN or infinity) in a pooled vector")
+                out.append(pooled)
+            else:
+                out.append(self.finish_cached(cache[index], selection))
         return out
 
     @property
@@ -220,8 +240,14 @@ class EmbedService:
             raise self._overflow(selection, lambda sel: sel.extract(held, stored, self.dtype))
         return out
 
-    def finish_live(self, acts: np.ndarray, selection: Selection) -> np.ndarray:
+    def finish_live(self, acts: np.ndarray, selection: Selection, pool: str | None = None) -> np.ndarray:
         """An encoder output (3, n_tokens, dim) float32 in the asked form and dtype (non-finite refused)."""
+        if pool is not None:
+            pooled = pooled_live(acts, selection, pool, self.dtype)
+            if not np.isfinite(pooled).all():
+                self.finish_live(acts, selection)  # names the mix or gamma that overflows, when it is theirs
+                raise ArithmeticError(f"a live pooled answer is not finite in {self.dtype.name}")
+            return pooled
         quantization = getattr(self.cache, "quantization", None)
         if quantization is not None and self.stored is not None:  # rounded as the cache rounds its hits
             out = live_as_cached(acts, selection, self.stored, quantization, self.dtype)
@@ -252,7 +278,9 @@ class EmbedService:
             "finite); use smaller weights"
         )
 
-    def _empty(self, selection: Selection) -> np.ndarray:
+    def _empty(self, selection: Selection, pool: str | None = None) -> np.ndarray:
+        if pool is not None:
+            return pooled_empty(selection, self.dim, pool, self.dtype)
         return np.zeros(selection.vector_shape(0, self.dim), dtype=self.dtype)
 
     def info(self) -> dict[str, Any]:

@@ -34,13 +34,19 @@ _NPZ_MEMBER = 128 + 2 * 64
 
 
 def response_bytes(
-    token_lists: Sequence[Sequence[str]], selection: Selection, dim: int, dtype: np.dtype, fmt: Format
+    token_lists: Sequence[Sequence[str]],
+    selection: Selection,
+    dim: int,
+    dtype: np.dtype,
+    fmt: Format,
+    pool: str | None = None,
 ) -> int:
-    """An upper bound of the response body's size for these sentences (exact for ``npy`` up to headers)."""
+    """An upper bound of the response body's size for these sentences (exact for ``npy`` up to headers);
+    with ``pool`` one vector per sentence (first-last: two vectors' numbers)."""
     per_number = _JSON_NUMBER_ORJSON if formats.orjson is not None else _JSON_NUMBER_STDLIB
     total = _ENTRY_OVERHEAD
     for tokens in token_lists:
-        shape = selection.vector_shape(len(tokens), dim)
+        shape = selection.vector_shape(len(tokens) if pool is None else 2 if pool == "first-last" else 1, dim)
         numbers = math.prod(shape)
         if fmt is Format.npy:
             total += _NPY_HEADER + _NPZ_MEMBER + numbers * dtype.itemsize
@@ -56,10 +62,17 @@ def response_bytes(
 
 
 def check_response_size(
-    token_lists: Sequence[Sequence[str]], selection: Selection, dim: int, dtype: np.dtype, fmt: Format, limit: int
+    token_lists: Sequence[Sequence[str]],
+    selection: Selection,
+    dim: int,
+    dtype: np.dtype,
+    fmt: Format,
+    limit: int,
+    *,
+    pool: str | None = None,
 ) -> None:
     """:class:`LimitExceededError` (413) when the answer could be larger than ``limit`` bytes."""
-    size = response_bytes(token_lists, selection, dim, dtype, fmt)
+    size = response_bytes(token_lists, selection, dim, dtype, fmt, pool)
     if size > limit:
         tokens = sum(len(tokens) for tokens in token_lists)
         per_token = math.prod(selection.vector_shape(1, dim))

@@ -72,7 +72,7 @@ def assert_same_cache(ours: Path, reference: Path) -> None:
 @pytest.fixture(scope="module")
 def reference(tiny_model, corpus, tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("reference") / "ref.zarr"
-    build(corpus, options(tiny_model, output, dedupe=True))
+    build(corpus, options(tiny_model, output, dedupe=True, pool="mean"))
     return output
 
 
@@ -94,7 +94,7 @@ def test_cut_parts_fall_on_windows_near_file_boundaries():
 
 def test_byte_equal_to_build_and_readable(tiny_model, corpus, reference, tmp_path):
     output = tmp_path / "ray.zarr"
-    summary = run(corpus, options(tiny_model, output, dedupe=True))
+    summary = run(corpus, options(tiny_model, output, dedupe=True, pool="mean"))
     assert summary.engine == "ray" and summary.parts == 4 and summary.parts_run == 4
     assert 1 <= len(summary.workers) <= 2 and "ray: 4 parts on" in str(summary)
     assert (summary.n_sentences, summary.n_rows) == (
@@ -107,27 +107,32 @@ def test_byte_equal_to_build_and_readable(tiny_model, corpus, reference, tmp_pat
     assert len(cache) == len(LINES)
     report = verify(output, corpus=corpus)
     assert report.ok, report
+    # The parts' pooled rows joined in line order, and every repeat holds its first occurrence's pooled vector.
+    assert (output / "pooled" / "zarr.json").is_file()
+    for i in range(0, len(LINES), 97):
+        assert np.array_equal(cache.sentence_vector(i), cache.sentence_vector(LINES[i]))
     # Rerunning on the complete cache does nothing.
-    again = run(corpus, options(tiny_model, output, dedupe=True))
+    again = run(corpus, options(tiny_model, output, dedupe=True, pool="mean"))
     assert again.already_complete
 
 
 def test_quantized_byte_equal_to_build(tiny_model, corpus, tmp_path):
     # int8 codes and scales are computed per window on each worker, so the ray cache is the local one's, byte for byte.
     reference = tmp_path / "ref.zarr"
-    build(corpus, options(tiny_model, reference, quantize="int8"))
+    build(corpus, options(tiny_model, reference, quantize="int8", pool="first-last"))
     output = tmp_path / "ray.zarr"
-    summary = run(corpus, options(tiny_model, output, quantize="int8"))
+    summary = run(corpus, options(tiny_model, output, quantize="int8", pool="first-last"))
     assert summary.parts == 4 and summary.parts_run == 4
     assert_same_cache(output, reference)
     cache = elmo_cache.open(output)
     assert cache.stored_dtype == np.int8 and cache.quantized(0).codes.dtype == np.int8
+    assert cache.sentence_vector(0).dtype == np.float32  # pooled from the float32 rows, stored unquantised
     assert verify(output).ok
 
 
 def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, monkeypatch):
     output = tmp_path / "ray.zarr"
-    opts = options(tiny_model, output, dedupe=True)
+    opts = options(tiny_model, output, dedupe=True, pool="mean")
     monkeypatch.setenv(FAIL_PART_ENV, "2")
     with pytest.raises(ElmoCacheError, match=r"1 of 4 parts .* failed \(part 2 on .*failed on purpose.*rerun the same"):
         run(corpus, opts)
@@ -143,6 +148,9 @@ def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, mo
             path = staging / "vectors" / "c" / k / "0" / "0"
             kept[k] = path.stat().st_mtime_ns
     assert kept and fragments  # whole files and files shared with a neighbour (stitched at the end)
+    pooled = staging / BUILD_DIR / "pooled"
+    # Each part's pooled rows are published before its marker (the failing hook runs after, as a death there would).
+    assert sorted(p.name for p in pooled.glob("*.bin")) == ["0.bin", "1.bin", "2.bin", "3.bin"]
     monkeypatch.delenv(FAIL_PART_ENV)
     with pytest.raises(CacheExistsError, match="interrupted build of the ray engine; rerun it with --engine ray"):
         build(corpus, opts)  # the local engine does not silently discard the parts done
@@ -170,8 +178,8 @@ def test_killed_driver_resumes(tiny_model, corpus, reference, tmp_path):
         "import sys; from elmo_cache.builder import BuildOptions; "
         "from elmo_cache.builder.distributed import build_distributed; "
         f"build_distributed({str(corpus)!r}, BuildOptions(output={str(output)!r}, options_file={str(tiny_model[0])!r}, "
-        f"weight_file={str(tiny_model[1])!r}, dedupe=True, **{SMALL!r}), address={address!r}, workers=2, parts=4, "
-        "cpus_per_worker=0.5)"
+        f"weight_file={str(tiny_model[1])!r}, dedupe=True, pool='mean', **{SMALL!r}), address={address!r}, workers=2, "
+        "parts=4, cpus_per_worker=0.5)"
     )
     driver = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
     parts = staging_path(output) / BUILD_DIR / "parts"
@@ -182,7 +190,7 @@ def test_killed_driver_resumes(tiny_model, corpus, reference, tmp_path):
     assert driver.wait() == -9, "the driver ended before it could be killed"
     done = len(list(parts.glob("*.done")))  # not a marker's .tmp, which a worker may be writing at the kill
     assert 1 <= done <= 4
-    summary = run(corpus, options(tiny_model, output, dedupe=True))
+    summary = run(corpus, options(tiny_model, output, dedupe=True, pool="mean"))
     assert summary.parts_run == 4 - done
     assert_same_cache(output, reference)
 

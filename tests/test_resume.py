@@ -53,7 +53,11 @@ def failing_on(encoder, batch: int):
 
 @pytest.mark.parametrize(
     ("fmt", "extra"),
-    [("zarr", {"chunk_rows": 16, "shard_rows": 48}), ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2"})],
+    [
+        ("zarr", {"chunk_rows": 16, "shard_rows": 48, "pool": "max"}),
+        # pooled rows of repeats are copied at the finish: after a resume too
+        ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2", "pool": "mean"}),
+    ],
 )
 def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encoder, fmt, extra):
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))
@@ -120,6 +124,9 @@ def test_resume_refuses_a_changed_corpus_and_other_options(tmp_path, tiny_encode
         CacheExistsError, match=r"interrupted build with other options \(dtype: 'float32' there, 'float16' now"
     ):
         build(corpus, BuildOptions(output=output, fp16=True, progress=False), encoder=tiny_encoder)
+    same = {"batch_tokens": 40, "window_batches": 1, "progress": False}
+    with pytest.raises(CacheExistsError, match=r"other options \(pool: None there, \{'method': 'mean'"):
+        build(corpus, BuildOptions(output=output, pool="mean", **same), encoder=tiny_encoder)
     lines[2] = "this line changed"
     write_corpus(corpus, lines)
     with pytest.raises(CacheExistsError, match=r"c\.txt, line 3: differs from the line the interrupted build stored"):
@@ -176,7 +183,7 @@ def _wait(process: subprocess.Popen, output: Path, seconds: float, lines: int) -
     "suffix,extra",
     [
         # zarr has the most state to resume (shards, chunks, tail)
-        (".zarr", ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2"]),
+        (".zarr", ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2", "--pool", "first-last"]),
         # HDF5 resumes by truncating its datasets to the last commit
         (".h5", ["--dedupe", "--mix", "0.2,0.3,0.5"]),
     ],

@@ -247,8 +247,10 @@ def test_openapi_describes_every_parameter_and_error(encoder):
     spec = create_app(settings(), encoder=encoder).openapi()
     get = spec["paths"]["/embed"]["get"]
     names = {p["name"] for p in get["parameters"]}
-    assert names == {"sentence", "layers", "mix", "gamma", "softmax", "format"}
+    assert names == {"sentence", "layers", "mix", "gamma", "softmax", "pool", "format"}
     assert all(p.get("description") for p in get["parameters"])
+    # The pools are an enum in the schema, for GET and the POST body alike.
+    assert spec["components"]["schemas"]["PoolName"]["enum"] == ["mean", "max", "first-last"]
     post = spec["paths"]["/embed"]["post"]
     body = spec["components"]["schemas"]["EmbedRequest"]["properties"]
     assert all(field.get("description") for field in body.values())

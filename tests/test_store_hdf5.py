@@ -10,9 +10,10 @@ import numpy as np
 
 from elmo_cache.store.format import META_KEY
 from tests.store_contract import StoreContract
+from tests.store_contract_pooled import PooledStoreContract
 
 
-class TestHdf5Store(StoreContract):
+class TestHdf5Store(StoreContract, PooledStoreContract):
     fmt = "hdf5"
 
     def data_of(self, output: Path, name: str) -> tuple[Path, int]:

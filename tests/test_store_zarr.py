@@ -11,9 +11,10 @@ import numpy as np
 import elmo_cache
 from elmo_cache.store.format import META_KEY, TOKEN_ARRAYS
 from tests.store_contract import StoreContract
+from tests.store_contract_pooled import PooledStoreContract
 
 
-class TestZarrStore(StoreContract):
+class TestZarrStore(StoreContract, PooledStoreContract):
     fmt = "zarr"
 
     def data_of(self, output: Path, name: str) -> tuple[Path, int]:

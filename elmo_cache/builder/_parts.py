@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from elmo_cache.builder._pooledparts import PooledPart
 from elmo_cache.builder._rowsink import FRAGMENTS_DIR, RowSink
 from elmo_cache.builder.encoding import WindowEncoder
 from elmo_cache.builder.firstpass import PLAN_DIR, FirstPass, load_first_pass
@@ -124,15 +125,20 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
 
     begin = time.monotonic()
     tokens = encoded = 0
+    pooled = PooledPart(job.staging, spec.index) if job.layout.pooled_shape is not None else None
     with RowSink(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row) as sink:
         with torch.inference_mode():
             for w in range(spec.first_window, spec.end_window):
                 window, offsets, new, first_row = plan.window(w)
-                vectors, count = encode.encode(window.tokens, window.lengths, offsets, new, first_row)
+                vectors, window_pooled, count = encode.encode(window.tokens, window.lengths, offsets, new, first_row)
                 sink.add(vectors)
+                if pooled is not None and window_pooled is not None:
+                    pooled.add(window_pooled)
                 tokens += int(window.lengths.sum(dtype=np.int64))
                 encoded += count
         sink.close()
+    if pooled is not None:
+        pooled.close()  # durable at its final name before the marker says the part is done
     if job.fail_part == spec.index:
         raise ElmoCacheError(f"part {spec.index} failed on purpose ({FAIL_PART_ENV}, a test hook)")
     fsync_path(job.staging / BUILD_DIR / FRAGMENTS_DIR, directory=True)

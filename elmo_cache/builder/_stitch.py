@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from elmo_cache.builder._parts import PartSpec, marker_path
+from elmo_cache.builder._pooledparts import join_pooled, part_lines
 from elmo_cache.builder._rowsink import file_range, fragment_path
 from elmo_cache.builder.firstpass import FirstPass
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store import Layout, finish_group, vectors_file_rows
+from elmo_cache.store._pooled import pooled_column
 from elmo_cache.store._sort import sort_index
 from elmo_cache.store._staging import offsets_after_zero
 from elmo_cache.store._vectorsfile import VectorsFileStream, copy_rows
-from elmo_cache.store.format import BUILD_DIR
+from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY
 
 __all__ = ["stitch", "publish"]
 
@@ -60,9 +65,12 @@ def publish(
     first: FirstPass,
     sums: dict[int, tuple[int, int]],
     meta_of: Callable[[int], dict[str, Any]],
+    layout: Layout,
+    specs: list[PartSpec],
 ) -> tuple[Path, int]:
-    """Write the index and the other small arrays, then the metadata ``meta_of(n_unique)`` last, and rename
-    the staging to ``output``; returns the cache's path and its distinct sentences."""
+    """Write the index and the other small arrays (with --pool, the parts' pooled rows joined), then the
+    metadata ``meta_of(n_unique)`` last, and rename the staging to ``output``; returns the cache's path and
+    its distinct sentences."""
     hashes, lines = sort_index(lambda a, b: first.hashes[a:b], first.n_lines, staging / BUILD_DIR / "index")
     starts = offsets_after_zero(first.directory / "text_ends.bin", first.n_lines, staging / BUILD_DIR / "offsets.bin")
     small = {
@@ -73,4 +81,11 @@ def publish(
         "tokens/bytes": first.text,
         "tokens/offsets": starts,
     }
+    if layout.pooled_shape is not None:
+        dtype = np.dtype(layout.pooled_dtype or layout.dtype)
+        joined = staging / BUILD_DIR / "pooled.bin"
+        parts = [(s.index, part_lines(first.windows, s.first_window, s.end_window)) for s in specs]
+        join_pooled(staging, parts, dtype.itemsize * math.prod(layout.pooled_shape), joined)
+        shape = layout.pooled_shape
+        small[POOLED_ARRAY] = pooled_column(joined, dtype, shape, first.n_lines, first.offsets, first.lengths)
     return finish_group(staging, output, small, meta_of(len(hashes)), sums), len(hashes)

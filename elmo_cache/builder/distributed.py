@@ -57,7 +57,7 @@ from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
 from elmo_cache.builder.skeleton import run_build
 from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
-from elmo_cache.store import Layout, OutputKind, OutputState, Progress, create_group, vectors_file_rows
+from elmo_cache.store import OutputKind, OutputState, Progress, create_group, vectors_file_rows
 from elmo_cache.store._staging import atomic_write_json
 from elmo_cache.store.container import containers, get_container
 from elmo_cache.store.format import BUILD_DIR, staging_path
@@ -195,9 +195,7 @@ class RayRun:
         self.first = first = _first_pass(job, staging, plan_info, resumed=found.kind is OutputKind.RESUMABLE)
         self.first_pass_seconds = time.monotonic() - begin
         dim = job.model.output_dim
-        self.layout = layout = Layout(
-            plan.format, plan.row_shape(dim), plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows
-        )
+        self.layout = layout = plan.layout(dim)
         file_rows = vectors_file_rows(layout)
         self.progress = Progress(identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens)
         self.build_info: dict[str, Any] = {
@@ -293,7 +291,7 @@ class RayRun:
             }
             return metadata(self.job.identity, self.progress, complete=True, n_unique=n_unique, build_info=build_info)
 
-        path, n_unique = publish(self.staging, self.job.plan.output, first, sums, meta_of)
+        path, n_unique = publish(self.staging, self.job.plan.output, first, sums, meta_of, self.layout, self.specs)
         return Finished(
             path,
             first.n_lines,

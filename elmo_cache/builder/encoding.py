@@ -21,6 +21,7 @@ from elmo_cache.builder._alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
+from elmo_cache.pooling import pool_batch
 
 if TYPE_CHECKING:
     from elmo_cache.encoder import Encoder
@@ -107,19 +108,30 @@ class WindowEncoder:
         self.np_dtype = np.dtype(plan.dtype)
         self.row_shape = plan.row_shape(encoder.output_dim)
         self.quantization = plan.quantization(encoder.output_dim)
+        # The pooled vectors (--pool), from the float32 rows before the cast; None without.
+        self.pooling = plan.pooling()
+        self.pooled_shape = (
+            None if self.pooling is None else self.pooling.shape(plan.selection.row_shape(encoder.output_dim))
+        )
 
-    def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of the batch's sentences, concatenated in batch order, and where each starts."""
+    def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Rows of the batch's sentences, concatenated in batch order, where each starts, and with --pool
+        each sentence's pooled vector (float32)."""
         flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
         out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
         if self.selection.layers is not None:
             out = out.transpose(0, 1)  # token-major: (tokens, L, D)
+        starts = offsets[:-1]
+        pooled = None
+        if self.pooling is not None:
+            # On the host in numpy: its sum is sequential in token order, so a pool is the same on every
+            # device and equals numpy's (on CUDA the float32 rows cross once more for it).
+            pooled = pool_batch(out.cpu().numpy(), starts, np.diff(offsets), self.pooling.method)
         if self.quantization is not None:  # from the float32 rows, on the device: codes and scales cross
-            return self.quantization.quantize(out), offsets[:-1]
+            return self.quantization.quantize(out), starts, pooled
         # Cast on the device, so only the stored bytes cross to the host.
         rows = out.to(self.torch_dtype, memory_format=torch.contiguous_format).cpu().numpy()
-        starts = offsets[:-1]
-        return rows, starts
+        return rows, starts, pooled
 
     def encode(
         self,
@@ -129,8 +141,10 @@ class WindowEncoder:
         new: np.ndarray,
         rows_before: int,
         progress: Callable[[int], None] | None = None,
-    ) -> tuple[np.ndarray, int]:
-        """The rows of one window's ``new`` sentences from row ``rows_before`` on, and the tokens encoded.
+    ) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """The rows of one window's ``new`` sentences from row ``rows_before`` on, with --pool the pooled
+        vector of each of its sentences (zeros for empty ones, and for repeats until the store's finish
+        copies their first occurrence's: ``store._pooled.copy_repeats``), and the tokens encoded.
 
         ``progress(n)`` is called after each encoder batch with the sentences it finished, and once
         at the end with the window's sentences that needed no encoding (repeats, empty lines), so a
@@ -143,6 +157,9 @@ class WindowEncoder:
         # an Original-size encode).
         self.encoder.clear_word_cache()
         vectors = np.empty((int(lengths[new].sum(dtype=np.int64)), *self.row_shape), dtype=self.np_dtype)
+        pooled = None
+        if self.pooling is not None and self.pooled_shape is not None:
+            pooled = np.zeros((len(lengths), *self.pooled_shape), dtype=self.pooling.dtype)
         todo = sorted((i for i in range(len(lengths)) if new[i] and lengths[i]), key=lambda i: lengths[i])
         encoded = 0
         start = 0
@@ -152,14 +169,16 @@ class WindowEncoder:
                 cost += int(lengths[todo[stop]]) + 2
                 stop += 1
             batch = todo[start:stop]
-            out, starts = self._encode([tokens[i] for i in batch])
+            out, starts, batch_pooled = self._encode([tokens[i] for i in batch])
             for k, i in enumerate(batch):
                 begin, length = int(offsets[i]) - rows_before, int(lengths[i])
                 vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
                 encoded += length
+            if pooled is not None and batch_pooled is not None:
+                pooled[batch] = batch_pooled  # cast to the stored dtype, as the rows were
             start = stop
             if progress is not None:
                 progress(len(batch))
         if progress is not None and len(lengths) > len(todo):
             progress(len(lengths) - len(todo))
-        return vectors, encoded
+        return vectors, pooled, encoded

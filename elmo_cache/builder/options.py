@@ -30,6 +30,9 @@ class BuildOptions:
     # Quantise the stored vectors: None/"none" (floats) or "int8" (one int8 code per value and one float32
     # scale per vector, elmo_cache.quantize); done in float32 after selection/mixing. Exclusive with fp16.
     quantize: str | None = None
+    # Also store one pooled vector per sentence: None/"none", "mean", "max" or "first-last" (elmo_cache.pooling),
+    # over each stored layer or the mix, from the float32 rows before any cast; read by Cache.sentence_vector.
+    pool: str | None = None
     # zarr compressor: "none"/None, "zstd", "blosc-lz4", "blosc-zstd". HDF5 stays uncompressed (memmap).
     compression: str | None = None
     # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB). Not valid for HDF5.

@@ -39,7 +39,7 @@ from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
-from elmo_cache.store import Layout, OutputKind, OutputState, Progress, Writer, staging_path, writer_class
+from elmo_cache.store import OutputKind, OutputState, Progress, Writer, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -57,6 +57,8 @@ class _Encoded:
     hashes: np.ndarray
     encoded_tokens: int
     tokens: list[list[str]]
+    # The window's pooled vectors (--pool), else None.
+    pooled: np.ndarray | None = None
 
 
 class _End:
@@ -166,7 +168,7 @@ class _WriterThread(threading.Thread):
                 if isinstance(item, _End):
                     self._commit(item.done)
                     return
-                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens)
+                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens, item.pooled)
                 self._encoded_since += item.encoded_tokens
                 self.tokens += int(item.lengths.sum(dtype=np.int64))
                 if self.bar is not None:  # the count moves as sentences are encoded; this adds what is written
@@ -188,8 +190,8 @@ def _encode_window(
 ) -> _Encoded:
     offsets, new = assign_window(window, rows_before, seen)
     progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
-    vectors, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before, progress)
-    return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens)
+    vectors, pooled, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before, progress)
+    return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled)
 
 
 def _now() -> str:
@@ -250,8 +252,7 @@ class LocalRun:
         # This run's wall time counts from here: after the model loaded.
         self.began = time.monotonic()
         plan, options = job.plan, job.options
-        row_shape = plan.row_shape(job.model.output_dim)
-        layout = Layout(plan.format, row_shape, plan.dtype, plan.chunk_rows, plan.compression, plan.shard_rows)
+        layout = plan.layout(job.model.output_dim)
         self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
         cls = writer_class(plan.format)
         if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)

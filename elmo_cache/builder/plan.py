@@ -1,8 +1,8 @@
 """Planning a build: validate the options, name the output, and decide what to do with what is already there.
 
 A build's *identity* (:func:`identity`) is everything that changes what the cache holds: the
-container, the selection, dtype and quantisation, dedupe, chunking, the model and the tokenisation. A cache or an
-interrupted build at the output is reused only when its identity is the command's.
+container, the selection, dtype and quantisation, the pool, dedupe, chunking, the model and the tokenisation.
+A cache or an interrupted build at the output is reused only when its identity is the command's.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
+from elmo_cache.pooling import Pool, parse_pool
 from elmo_cache.quantize import Quantization, parse_quantize
 from elmo_cache.selection import MixSpec, Selection
-from elmo_cache.store import OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
+from elmo_cache.store import Layout, OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
 from elmo_cache.store.container import container_names, get_container
 from elmo_cache.store.format import (
     BUILD_DIR,
@@ -118,6 +119,7 @@ IDENTITY_KEYS = (
     "tokenization",
     "sentence_hash",
     "quantization",
+    "pool",
 )
 
 
@@ -151,6 +153,26 @@ class Plan:
     quantize: str | None = None
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
     input_format: str = "lines"
+    # Pooled sentence vectors stored beside the token vectors (elmo_cache.pooling.POOLS), None for none.
+    pool: str | None = None
+
+    def pooling(self) -> Pool | None:
+        """What the ``pooled`` array holds (None: built without --pool)."""
+        return None if self.pool is None else Pool.for_cache(self.pool, self.dtype)
+
+    def layout(self, dim: int) -> Layout:
+        """How the store lays out the rows (and pooled vectors) of a model of width ``dim``."""
+        pooling = self.pooling()
+        return Layout(
+            self.format,
+            self.row_shape(dim),
+            self.dtype,
+            self.chunk_rows,
+            self.compression,
+            self.shard_rows,
+            None if pooling is None else pooling.shape(self.selection.row_shape(dim)),
+            None if pooling is None else pooling.dtype,
+        )
 
     def quantization(self, dim: int) -> Quantization | None:
         """How the rows of a model of width ``dim`` are quantised (None: stored as floats)."""
@@ -236,7 +258,10 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             "storage) does not apply; drop one of them"
         )
     dtype = QUANTIZED_DTYPE if quantize is not None else "float16" if options.fp16 else "float32"
-    return Plan(output, fmt, selection, dtype, chunk_rows, compression, shard_rows, quantize, options.input_format)
+    pool = parse_pool(options.pool)
+    return Plan(
+        output, fmt, selection, dtype, chunk_rows, compression, shard_rows, quantize, options.input_format, pool
+    )
 
 
 def open_corpus(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Corpus:
@@ -270,6 +295,8 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) ->
         "sentence_hash": SENTENCE_HASH,
         # Only quantised caches carry the key: float caches' metadata stays as it always was.
         **({} if plan.quantize is None else {"quantization": Quantization(plan.quantize, dim).to_metadata()}),
+        # Likewise only caches with pooled vectors carry "pool".
+        **({} if (pooling := plan.pooling()) is None else {"pool": pooling.to_metadata()}),
     }
 
 

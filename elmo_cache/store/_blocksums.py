@@ -26,7 +26,7 @@ import google_crc32c
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
-from elmo_cache.store.format import ARRAYS, BLOCK_SUMS, BLOCK_SUMS_ALGORITHM, SMALL_BLOCK_ROWS
+from elmo_cache.store.format import ARRAYS, BLOCK_SUMS, BLOCK_SUMS_ALGORITHM, OPTIONAL_ARRAYS, SMALL_BLOCK_ROWS
 
 __all__ = ["crc32c", "block_sums", "BlockSummer", "BlockGuard", "guards", "write_sums_file", "read_sums_file"]
 
@@ -202,7 +202,7 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
             f"{where}: metadata 'checksums.blocks' is not a {BLOCK_SUMS_ALGORITHM} block listing; the cache is corrupt"
         )
     result = {}
-    for name in ARRAYS:
+    for name in ARRAYS + OPTIONAL_ARRAYS:
         array = arrays.get(name)
         if array is None or name not in rows:
             continue
@@ -221,9 +221,8 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
     return result
 
 
-def sums_listing(vector_rows: int) -> dict[str, Any]:
-    """The metadata ``checksums.blocks`` of a cache whose ``vectors`` blocks are ``vector_rows`` rows."""
-    return {
-        "algorithm": BLOCK_SUMS_ALGORITHM,
-        "rows": {name: vector_rows if name == "vectors" else SMALL_BLOCK_ROWS for name in ARRAYS},
-    }
+def sums_listing(vector_rows: int, optional: dict[str, int] | None = None) -> dict[str, Any]:
+    """The metadata ``checksums.blocks`` of a cache whose ``vectors`` blocks are ``vector_rows`` rows;
+    ``optional`` gives the block rows of the optional arrays it holds (``pooled``)."""
+    rows = {name: vector_rows if name == "vectors" else SMALL_BLOCK_ROWS for name in ARRAYS}
+    return {"algorithm": BLOCK_SUMS_ALGORITHM, "rows": {**rows, **(optional or {})}}

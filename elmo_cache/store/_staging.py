@@ -21,8 +21,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store._pooled import pooled_column
 from elmo_cache.store._sort import index_in_memory, sort_index
-from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE, TEXT_ENCODING, staging_path
+from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY, PROGRESS_FILE, TEXT_ENCODING, staging_path
 from elmo_cache.text.tokenize import sentence_key
 
 # Bytes per read when a staging file is copied or read in pieces.
@@ -76,7 +77,7 @@ def offsets_after_zero(ends: Path, n: int, dest: Path) -> np.ndarray:
 
 
 def array_blocks(data: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
-    """``(start, copy of data[start:start + step])`` over a 1-D array. Pages of a whole-file map
+    """``(start, copy of data[start:start + step])`` over an array's rows. Pages of a whole-file map
     (``RawColumn.read``) are dropped from the process once copied: left mapped, every page read
     would stay resident, a corpus-sized share of the process by the end of a build. (The file's
     pages stay in the page cache; only this process's hold on them goes.)"""
@@ -86,20 +87,21 @@ def array_blocks(data: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]
         base = data.base
         assert isinstance(base, mmap.mmap)
         where = data.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data  # the array's start in the map
+    row_bytes = max(1, data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64)))
     # Within a block, pages are dropped a piece at a time as they are copied: dropped only after the
     # whole block, a block's worth of mapped pages sat beside its copy (64 MiB of text in a zarr finish).
-    piece = max(1, _COPY_BLOCK // max(1, data.itemsize))
+    piece = max(1, _COPY_BLOCK // row_bytes)
     for start in range(0, n, step):
         stop = min(n, start + step)
         if not whole_map:
             yield start, np.array(data[start:stop])
             continue
-        block = np.empty(stop - start, dtype=data.dtype)
+        block = np.empty((stop - start, *data.shape[1:]), dtype=data.dtype)
         for a in range(start, stop, piece):
             b = min(stop, a + piece)
             block[a - start : b - start] = data[a:b]
-            lo = (where + a * data.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
-            hi = min(len(base), where + b * data.itemsize)
+            lo = (where + a * row_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
+            hi = min(len(base), where + b * row_bytes)
             if hi > lo:
                 base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
         yield start, block
@@ -121,6 +123,10 @@ class Layout:
     compression: str | None = None
     # zarr rows per vectors file (a shard of whole chunks; a multiple of chunk_rows). None for HDF5.
     shard_rows: int | None = None
+    # Shape of one pooled sentence vector (the per-sentence array ``pooled``); None: built without --pool.
+    pooled_shape: tuple[int, ...] | None = None
+    # Storage dtype name of the pooled vectors ("float16" or "float32"); None without --pool.
+    pooled_dtype: str | None = None
 
     @property
     def row_bytes(self) -> int:
@@ -260,7 +266,15 @@ class Writer:
         # Each sentence's tokens: the UTF-8 bytes of its key, and where each sentence's bytes end.
         self.text_ends = RawColumn(self.build_dir / "text_ends.bin", "int64")
         self.text = RawColumn(self.build_dir / "text.bin", "uint8")
-        self._columns = (self.offsets, self.lengths, self.hashes, self.text_ends)
+        # Each sentence's pooled vector (--pool): cut back and synced with the other per-sentence columns.
+        self.pooled: RawColumn | None = None
+        if layout.pooled_shape is not None:
+            self.pooled = RawColumn(
+                self.build_dir / "pooled.bin", layout.pooled_dtype or layout.dtype, layout.pooled_shape
+            )
+        self._columns = (self.offsets, self.lengths, self.hashes, self.text_ends) + (
+            (self.pooled,) if self.pooled is not None else ()
+        )
         self._text_bytes = 0  # bytes of text.bin committed and appended
         # rows appended since the last commit, beyond progress.rows
         self._pending_lines = 0
@@ -310,10 +324,14 @@ class Writer:
         lengths: np.ndarray,
         hashes: np.ndarray,
         tokens: Sequence[Sequence[str]],
+        pooled: np.ndarray | None = None,
     ) -> None:
-        """Append the rows, per-sentence entries and tokens of consecutive sentences (not yet durable)."""
+        """Append the rows, per-sentence entries and tokens of consecutive sentences (not yet durable);
+        ``pooled``: their pooled vectors, when the layout has them."""
         if len(tokens) != len(lengths) or any(len(t) != n for t, n in zip(tokens, lengths.tolist())):
             raise ValueError("append: tokens must hold one token list per sentence, of the sentence's length")
+        if (pooled is None) != (self.pooled is None) or (pooled is not None and len(pooled) != len(lengths)):
+            raise ValueError("append: pooled must hold one vector per sentence exactly when the layout pools")
         text, sizes = encode_tokens(tokens)
         self._append_vectors(vectors)
         self.offsets.append(offsets)
@@ -321,6 +339,8 @@ class Writer:
         self.hashes.append(hashes)
         self.text.append(text)
         self.text_ends.append(self._text_bytes + np.cumsum(sizes))
+        if self.pooled is not None:
+            self.pooled.append(pooled)  # type: ignore[arg-type]
         self._text_bytes += len(text)
         self._pending_lines += len(lengths)
         self._pending_rows += len(vectors)
@@ -361,7 +381,7 @@ class Writer:
         n = self.progress.lines
         hashes, rows = self.index()
         starts = offsets_after_zero(self.text_ends.path, n, self.build_dir / "token_offsets.bin")
-        return {
+        arrays = {
             "offsets": self.offsets.read(n),
             "lengths": self.lengths.read(n),
             "index/hashes": hashes,
@@ -369,6 +389,12 @@ class Writer:
             "tokens/bytes": self.text.read(int(starts[-1])),
             "tokens/offsets": starts,
         }
+        if self.pooled is not None:
+            column = self.pooled
+            arrays[POOLED_ARRAY] = pooled_column(
+                column.path, column.dtype, column.item_shape, n, arrays["offsets"], arrays["lengths"]
+            )
+        return arrays
 
     def committed_key(self, i: int) -> bytes:
         """The stored key (UTF-8 tokens joined by one space) of committed line ``i``."""

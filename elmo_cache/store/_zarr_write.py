@@ -20,6 +20,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._blocksums import block_sums, read_sums_file, sums_listing, write_sums_file
+from elmo_cache.store._pooled import pooled_block_rows, pooled_chunk_rows
 from elmo_cache.store._staging import Layout, array_blocks, fsync_path
 from elmo_cache.store._zarr_maps import _ABSENT
 from elmo_cache.store._zarr_read import _read_json
@@ -29,6 +30,8 @@ from elmo_cache.store.format import (
     CHECKSUM_ALGORITHM,
     CHECKSUMS_FILE,
     META_KEY,
+    OPTIONAL_ARRAYS,
+    POOLED_ARRAY,
     SMALL_BLOCK_ROWS,
     ZARR_JSON,
     checksum,
@@ -269,12 +272,18 @@ def _write_checksums(staging: Path, known: dict[str, tuple[int, int]]) -> None:
 
 
 def _write_small_array(group: Any, name: str, data: np.ndarray) -> np.ndarray:
-    """Write 1-D ``data`` as array ``name`` of ``group`` a block at a time; returns its block sums."""
+    """Write ``data`` (1-D, or ``pooled``'s rows) as array ``name`` of ``group`` a block at a time; returns its
+    block sums."""
+    block_rows = _block_rows(name, data)
+    if name == POOLED_ARRAY:
+        chunk_rows = pooled_chunk_rows(len(data), _row_bytes(data))
+    else:
+        chunk_rows = max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK))
     array = group.create_array(
         name,
         shape=data.shape,
         dtype=data.dtype,
-        chunks=(max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK)),),
+        chunks=(chunk_rows, *data.shape[1:]),
         compressors=None,
         fill_value=0,
         overwrite=True,
@@ -283,13 +292,22 @@ def _write_small_array(group: Any, name: str, data: np.ndarray) -> np.ndarray:
         config={"write_empty_chunks": True},
     )
     # Whole chunks and whole sum blocks per step, so each chunk is written once and each sum is of one block.
-    unit = math.lcm(array.chunks[0], SMALL_BLOCK_ROWS)
-    step = unit * max(1, _BLOCK_BYTES // (unit * data.dtype.itemsize))
+    unit = math.lcm(array.chunks[0], block_rows)
+    step = unit * max(1, _BLOCK_BYTES // (unit * _row_bytes(data)))
     sums = []
     for start, block in array_blocks(data, step):
         array[start : start + len(block)] = block
-        sums.append(block_sums(block, SMALL_BLOCK_ROWS))
+        sums.append(block_sums(block, block_rows))
     return np.concatenate(sums) if sums else np.empty(0, np.uint32)
+
+
+def _row_bytes(data: np.ndarray) -> int:
+    return max(1, data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64)))
+
+
+def _block_rows(name: str, data: np.ndarray) -> int:
+    """Rows per checked block of array ``name`` (FORMAT.md, "Block checksums")."""
+    return pooled_block_rows(_row_bytes(data)) if name == POOLED_ARRAY else SMALL_BLOCK_ROWS
 
 
 def finish_group(
@@ -341,7 +359,10 @@ def finish_group(
         "algorithm": CHECKSUM_ALGORITHM,
         "file": CHECKSUMS_FILE,
         "metadata": metadata_checksum(final),
-        "blocks": sums_listing(int(vectors.chunks[0])),
+        "blocks": sums_listing(
+            int(vectors.chunks[0]),
+            {name: _block_rows(name, data) for name, data in small_arrays.items() if name in OPTIONAL_ARRAYS},
+        ),
     }
     group.attrs[META_KEY] = final
     fsync_path(staging / ZARR_JSON)

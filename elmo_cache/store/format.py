@@ -23,6 +23,10 @@ __all__ = [
     "TOKENIZATIONS",
     "ARRAYS",
     "ARRAYS_V1",
+    "OPTIONAL_ARRAYS",
+    "POOLED_ARRAY",
+    "POOL_METHODS",
+    "pooled_block_rows",
     "TOKEN_ARRAYS",
     "arrays_of",
     "INDEX_DTYPES",
@@ -36,6 +40,7 @@ __all__ = [
     "SMALL_BLOCK_ROWS",
     "vector_block_rows",
     "VECTOR_DTYPES",
+    "POOLED_CHUNK_BLOCKS",
     "QUANTIZED_DTYPE",
     "QUANTIZATION_SCHEMES",
     "SCALE_BYTES",
@@ -102,7 +107,16 @@ BLOCK_SUMS_ALGORITHM = "crc32c"
 """Metadata ``checksums.blocks.algorithm``: CRC-32C (Castagnoli; hardware-accelerated by google-crc32c)
 of each block of rows, so that a reader can check a block the first time it touches it."""
 
-BLOCK_SUMS = {name: "blocksums/" + name.replace("/", "_") for name in ARRAYS}
+POOLED_ARRAY = "pooled"
+"""The pooled sentence vectors of a cache built with ``--pool`` (one row per sentence; metadata ``pool``)."""
+
+OPTIONAL_ARRAYS = (POOLED_ARRAY,)
+"""Arrays only some caches hold (their metadata says so); older readers ignore them."""
+
+POOL_METHODS = ("mean", "max", "first-last")
+"""Metadata ``pool.method`` values (elmo_cache.pooling)."""
+
+BLOCK_SUMS = {name: "blocksums/" + name.replace("/", "_") for name in ARRAYS + OPTIONAL_ARRAYS}
 """For each array, the uint32 array holding the CRC-32C of each of its blocks of rows (FORMAT.md)."""
 
 SMALL_BLOCK_ROWS = 1 << 16
@@ -116,6 +130,16 @@ def vector_block_rows(row_bytes: int, chunk_rows: int | None) -> int:
     """Rows per checked block of ``vectors``: the zarr chunk (a block then lies in one file and, compressed,
     is one decoded chunk), or for HDF5 the rows of about 4 MiB (one ~1 ms CRC-32C on first touch)."""
     return int(chunk_rows) if chunk_rows else max(1, _VECTOR_BLOCK_BYTES // max(1, row_bytes))
+
+
+def pooled_block_rows(row_bytes: int) -> int:
+    """Rows per checked block of ``pooled`` (a zarr chunk of it is :data:`POOLED_CHUNK_BLOCKS` blocks): about
+    4 MiB, as HDF5 ``vectors`` (a pooled row is KiBs: 65,536 of them would be too big to check on a read)."""
+    return vector_block_rows(row_bytes, None)
+
+
+POOLED_CHUNK_BLOCKS = 64
+"""zarr: blocks of ``pooled`` per chunk file (about 256 MiB files, as ``vectors`` shards are)."""
 
 
 VECTOR_DTYPES = ("float16", "float32")
@@ -241,6 +265,17 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
             f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected a scheme of "
             f"{list(QUANTIZATION_SCHEMES)} with 'scale': 'float32' and dtype {QUANTIZED_DTYPE!r}; a newer "
             "elmo-cache may read it)"
+        )
+    pool = raw.get("pool")
+    if pool is not None and (
+        not isinstance(pool, dict)
+        or set(pool) != {"method", "dtype"}
+        or pool.get("method") not in POOL_METHODS
+        or pool.get("dtype") not in VECTOR_DTYPES
+    ):
+        problems.append(
+            f"pool {pool!r} (expected {{'method': one of {list(POOL_METHODS)}, 'dtype': one of "
+            f"{list(VECTOR_DTYPES)}}}; a newer elmo-cache may read it)"
         )
     dim = raw.get("dim")
     if not isinstance(dim, int) or dim <= 0:

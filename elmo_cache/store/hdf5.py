@@ -29,6 +29,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._blocksums import block_sums, sums_listing
+from elmo_cache.store._pooled import pooled_block_rows
 from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, array_blocks, fsync_path
 from elmo_cache.store.format import (
     ARRAYS,
@@ -36,6 +37,8 @@ from elmo_cache.store.format import (
     CHECKSUM_ALGORITHM,
     HDF5_SIGNATURE,
     META_KEY,
+    OPTIONAL_ARRAYS,
+    POOLED_ARRAY,
     SMALL_BLOCK_ROWS,
     checksum,
     decode_metadata,
@@ -152,8 +155,12 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
         handle = h5py.File(path, "r")
     except OSError as exc:
         raise CacheFormatError(f"{path}: neither a zarr directory nor a readable HDF5 file ({exc})") from None
-    names = (*ARRAYS, *BLOCK_SUMS.values())
-    return handle.attrs.get(META_KEY), {name: handle.get(name) for name in names}, handle.close
+    names = (*ARRAYS, *OPTIONAL_ARRAYS, *BLOCK_SUMS.values())
+    arrays = {name: handle.get(name) for name in names}
+    for name in OPTIONAL_ARRAYS:  # an optional array a cache does not hold is not named at all
+        if arrays[name] is None and arrays[BLOCK_SUMS[name]] is None:
+            del arrays[name], arrays[BLOCK_SUMS[name]]
+    return handle.attrs.get(META_KEY), arrays, handle.close
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -213,16 +220,20 @@ class Hdf5Writer(Writer):
                 sums.append(block_sums(block, block_rows))
             crcs["vectors"] = crc
             all_sums = {BLOCK_SUMS["vectors"]: np.concatenate(sums) if sums else np.empty(0, np.uint32)}
+            optional: dict[str, int] = {}  # block rows of the optional arrays written (pooled)
             for name, data in self.small_arrays().items():
                 # Copied a block at a time (a whole copy would stay resident); a step is whole sum blocks.
                 dataset = f.create_dataset(name, shape=data.shape, dtype=data.dtype.newbyteorder("<"))
                 crc, sums = 0, []
-                step = max(1, _COPY_BYTES // (data.dtype.itemsize * SMALL_BLOCK_ROWS)) * SMALL_BLOCK_ROWS
+                row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
+                rows_per_sum = pooled_block_rows(row_bytes) if name == POOLED_ARRAY else SMALL_BLOCK_ROWS
+                optional.update({name: rows_per_sum} if name in OPTIONAL_ARRAYS else {})
+                step = max(1, _COPY_BYTES // (row_bytes * rows_per_sum)) * rows_per_sum
                 for start, block in array_blocks(data, step):
                     block = little_endian(block)
                     dataset[start : start + len(block)] = block
                     crc = checksum(block, crc)
-                    sums.append(block_sums(block, SMALL_BLOCK_ROWS))
+                    sums.append(block_sums(block, rows_per_sum))
                 crcs[name] = crc
                 if name in BLOCK_SUMS:
                     all_sums[BLOCK_SUMS[name]] = np.concatenate(sums) if sums else np.empty(0, np.uint32)
@@ -236,7 +247,7 @@ class Hdf5Writer(Writer):
                 "algorithm": CHECKSUM_ALGORITHM,
                 "datasets": crcs,
                 "metadata": metadata_checksum(final),
-                "blocks": sums_listing(block_rows),
+                "blocks": sums_listing(block_rows, optional),
             }
             f.attrs[META_KEY] = json.dumps(final)
         fsync_path(tmp)

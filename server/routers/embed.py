@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -64,6 +65,22 @@ _Token = Annotated[str, Field(min_length=1, pattern=r"^[^\n]+$")]
 _TokenList = list[_Token]
 _MixStr = Annotated[str, Field(pattern=MIX_PATTERN)]
 _MixList = Annotated[list[_Weight], Field(min_length=3, max_length=3)]
+_POOL_DOC = (
+    "One vector for the sentence instead of one per token: `mean` or `max` over its tokens, or `first-last` (the "
+    "first token's vector and the last token's, side by side: `dim` doubles), per layer or of the mix; shape "
+    "(n_layers, dim) or (dim,) for a mix. Read from the cache's pooled vectors when it was built with that "
+    "`--pool`, else computed in float32 from the token vectors; an empty sentence gives zeros."
+)
+
+
+class PoolName(str, enum.Enum):
+    """The pools ``/embed`` computes (elmo_cache.pooling.POOLS)."""
+
+    mean = "mean"
+    max = "max"
+    first_last = "first-last"
+
+
 _FORMAT_DOC = (
     "`json`: vectors as nested lists; `npy`: the raw array as a `.npy` file (`application/x-npy`; for POST a "
     "`.npz` of `arr_0`, `arr_1`, ... as `application/x-npz`), metadata in `X-Elmo-*` headers; `base64`: JSON whose "
@@ -78,13 +95,17 @@ class EmbedResult(BaseModel):
     tokens: list[str] = Field(
         description="the sentence's tokens (a text is split on whitespace, as `build` does; a token list is as given)"
     )
-    shape: list[int] = Field(description="(n_layers, n_tokens, dim) for layers, (n_tokens, dim) for a mix")
+    shape: list[int] = Field(
+        description="(n_layers, n_tokens, dim) for layers, (n_tokens, dim) for a mix; with `pool`, (n_layers, dim) "
+        "or (dim,) (dim doubled for first-last)"
+    )
     dtype: str = Field(description="`float32` or `float16` (the cache's dtype; float32 without a cache)")
     vectors: list[Any] | None = Field(None, description="nested lists of numbers (format `json`)")
     encoding: str | None = Field(None, description="`base64-little-endian-c-order` (format `base64`)")
     data: str | None = Field(None, description="base64 of the raw bytes (format `base64`)")
     layers: list[int] | None = Field(None, description="the layer ids returned, or null for a mix (GET only)")
     mix: dict[str, Any] | None = Field(None, description="the mix applied (weights, gamma, raw, softmax) (GET only)")
+    pool: PoolName | None = Field(None, description="the pool of a pooled answer (`pool` asked), else absent")
 
 
 class EmbedBatchResult(BaseModel):
@@ -117,6 +138,8 @@ class EmbedRequest(BaseModel):
     mix: _MixStr | _MixList | SkipJsonSchema[None] = Field(None, description=_MIX_DOC)
     gamma: _Weight | None = Field(None, description=_GAMMA_DOC)
     softmax: Annotated[bool, Field(strict=True)] = Field(False, description=_SOFTMAX_DOC)
+    # Not nullable, as format: leave it out for token vectors.
+    pool: PoolName | SkipJsonSchema[None] = Field(None, description=_POOL_DOC)
     format: Format = Field(Format.json, description=_FORMAT_DOC)
 
     @model_validator(mode="before")
@@ -126,6 +149,9 @@ class EmbedRequest(BaseModel):
         if isinstance(data, dict):
             if "mix" in data and data["mix"] is None:
                 raise ValueError("mix: null is not a mix; leave mix out, or give three weights")
+            if "pool" in data and data["pool"] is None:
+                choices = [p.value for p in PoolName]
+                raise ValueError(f"pool: null is not a pool; leave pool out, or give one of {choices}")
             if "layers" in data and "mix" in data:
                 raise ValueError("layers and mix are exclusive: give one of them, not both")
             for key in ("gamma", "softmax"):
@@ -151,10 +177,16 @@ async def _render(service: EmbedService, render: Callable[..., Response], embedd
     return await service.pool.run(service.timeout_s, "writing the response", render, embeddings, *args)
 
 
-def _check_size(service: EmbedService, token_lists: list[list[str]], selection: Selection, fmt: Format) -> None:
+def _check_size(
+    service: EmbedService, token_lists: list[list[str]], selection: Selection, fmt: Format, pool: PoolName | None
+) -> None:
     """413 before anything is read or encoded when the answer could pass ``max_response_bytes``."""
     limit = service.settings.max_response_bytes
-    check_response_size(token_lists, selection, service.dim, service.dtype, fmt, limit)
+    check_response_size(token_lists, selection, service.dim, service.dtype, fmt, limit, pool=_name(pool))
+
+
+def _name(pool: PoolName | None) -> str | None:
+    return None if pool is None else pool.value
 
 
 @router.get(
@@ -175,13 +207,14 @@ async def embed_one(
     ] = None,
     gamma: Annotated[float | None, Query(description=_GAMMA_DOC + _GET_RULES, allow_inf_nan=False)] = None,
     softmax: Annotated[bool, Query(description=_SOFTMAX_DOC)] = False,
+    pool: Annotated[PoolName | None, Query(description=_POOL_DOC)] = None,
     format: Annotated[Format, Query(description=_FORMAT_DOC)] = Format.json,
 ) -> Response:
     """Answer from the cache when the sentence is there, else encode it live (404 with a cache alone)."""
     selection = service.resolve(layers, mix, gamma, softmax)
     token_lists = service.tokenize_all([sentence])
-    _check_size(service, token_lists, selection, format)
-    [embedding] = await service.embed(token_lists, selection, timings)
+    _check_size(service, token_lists, selection, format, pool)
+    [embedding] = await service.embed(token_lists, selection, timings, _name(pool))
     started = time.perf_counter()
     response = await _render(service, render_one, embedding, selection, format)
     timings.add("serialize", time.perf_counter() - started)
@@ -198,8 +231,8 @@ async def embed_many(service: ServiceDep, timings: TimingsDep, body: EmbedReques
     """Same as ``GET /embed`` for every sentence of the body; misses of one request share live batches."""
     selection = service.resolve(body.layers, body.mix, body.gamma, body.softmax)
     token_lists = service.tokenize_all(body.sentences)
-    _check_size(service, token_lists, selection, body.format)
-    embeddings = await service.embed(token_lists, selection, timings)
+    _check_size(service, token_lists, selection, body.format, body.pool)
+    embeddings = await service.embed(token_lists, selection, timings, _name(body.pool))
     started = time.perf_counter()
     response = await _render(service, render_many, embeddings, selection, body.format)
     timings.add("serialize", time.perf_counter() - started)
