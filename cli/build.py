@@ -67,6 +67,13 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "cache.sentence_vector(i) or GET /embed?pool=. Default none.",
 )
 @click.option(
+    "--pool-only",
+    is_flag=True,
+    default=False,
+    help="With --pool: store the pooled vectors instead of the token vectors (one row per sentence; cache[i] "
+    "is refused, cache.sentence_vector(i) reads it). Needs disk for the full build while it runs.",
+)
+@click.option(
     "--compression",
     default=None,
     help="zarr only: none (default), zstd, blosc-lz4 or blosc-zstd. Float vectors compress ~10%.",
@@ -144,6 +151,7 @@ def build_command(
     fp16: bool,
     quantize: str | None,
     pool: str | None,
+    pool_only: bool,
     compression: str | None,
     chunk_rows: int | None,
     shard_rows: int | None,
@@ -182,6 +190,7 @@ def build_command(
         fp16=fp16,
         quantize=quantize,
         pool=pool,
+        pool_only=pool_only,
         compression=compression,
         chunk_rows=chunk_rows,
         shard_rows=shard_rows,

@@ -74,7 +74,10 @@ def info_command(cache: str, as_json: bool) -> None:
         f"stores:       {what}, dim {meta.get('dim')}, {_storage(meta)}, dedupe {meta.get('dedupe')}",
         f"tokens:       {meta.get('tokenization')}",
         *(
-            [f"pooled:       one {pool.get('method')} vector per sentence, {pool.get('dtype')}"]
+            [
+                f"pooled:       one {pool.get('method')} vector per sentence, {pool.get('dtype')}"
+                + (" (--pool-only: no token vectors)" if pool.get("only") else "")
+            ]
             if isinstance(pool := meta.get("pool"), dict)
             else []
         ),

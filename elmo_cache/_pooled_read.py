@@ -15,7 +15,7 @@ from elmo_cache.errors import InvalidParameterError
 from elmo_cache.pooling import POOLS, Pool, parse_pool, pool_rows
 from elmo_cache.store._blocksums import BlockGuard
 
-__all__ = ["PooledVectors", "pool_of_sentence", "choose_pool"]
+__all__ = ["PooledVectors", "pool_of_sentence", "choose_pool", "pool_only_refusal"]
 
 
 class PooledVectors:
@@ -53,3 +53,17 @@ def pool_of_sentence(vectors: np.ndarray, layered: bool, method: str) -> np.ndar
     a layered cache, ``(n_tokens, dim)`` for a mixed one."""
     rows = np.asarray(vectors).transpose(1, 0, 2) if layered else vectors  # token-major, as the build pools
     return pool_rows(rows, method)
+
+
+def pool_only_refusal(where: Any, stored: Pool | None, asked: str | None = None) -> str:
+    """Why a ``--pool-only`` cache cannot answer: token vectors, or a pool other than its own, were asked for."""
+    own = stored.method if stored is not None else "?"
+    if asked is not None:
+        return (
+            f"pool: {where} stores only {own!r} pooled vectors (--pool-only) and no token vectors to compute "
+            f"{asked!r} from; ask for pool={own!r}, or rebuild without --pool-only"
+        )
+    return (
+        f"{where}: this cache stores only pooled vectors (--pool-only, pool {own!r}), no token vectors; "
+        "use cache.sentence_vector(i), or rebuild without --pool-only"
+    )

@@ -64,6 +64,17 @@ def check_pooled(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyRep
                     f"{POOLED_ARRAY}: sentence {i} repeats sentence {j} but their pooled vectors differ"
                 )
                 return
+    if pool.get("only"):
+        # Nothing to recompute from: a --pool-only cache stores no token vectors.
+        report.notes.append(
+            f"{POOLED_ARRAY}: not recomputed from token vectors (a --pool-only cache stores none); "
+            "--sample re-encodes sentences and compares their pools"
+        )
+        report.checks.append(
+            f"pooled {pool['method']} vectors of all {n:,} sentences: finite, zeros for empty ones"
+            + (", repeats equal to their first occurrence" if firsts is not None else "")
+        )
+        return
     checked = _recompute(meta, arrays, offsets, lengths, pooled, pool["method"], report)
     if checked is not None:
         report.checks.append(

@@ -113,6 +113,10 @@ def check_sample(
     offsets = arrays["offsets"]
     lengths = arrays["lengths"]
     quantization = quantization_of(meta)
+    pool = meta.get("pool") or {}
+    if pool.get("only"):
+        _check_pooled_sample(meta, arrays, lines, references, pool["method"], (atol, rtol), report)
+        return
     worst = 0.0
     for i, reference in zip(lines, references):
         start, length = int(offsets[i]), int(lengths[i])
@@ -133,3 +137,40 @@ def check_sample(
     report.sampled = len(lines)
     report.max_abs_error = worst
     report.checks.append(f"{len(lines)} sampled sentences match a fresh encoding (max abs error {worst:.3g})")
+
+
+def _check_pooled_sample(
+    meta: dict[str, Any],
+    arrays: dict[str, Any],
+    lines: list[int],
+    references: list[np.ndarray],
+    method: str,
+    tolerances: tuple[float, float],
+    report: VerifyReport,
+) -> None:
+    """The sample check of a ``--pool-only`` cache, which has no token rows: each sampled sentence's stored
+    pooled vector against the pool of a fresh encoding. A pool (a mean, a maximum, or stored values) is off
+    by no more than the values it is taken from, so the token vectors' tolerance holds for it too."""
+    from elmo_cache.pooling import POOLED, pool_rows
+
+    atol, rtol = tolerances
+    worst = 0.0
+    for i, reference in zip(lines, references):
+        expected = pool_rows(_expected(reference, meta), method)
+        stored = np.asarray(arrays[POOLED][i], dtype=np.float32)
+        error = np.abs(stored - expected)
+        worst = max(worst, float(error.max()))
+        # float16 storage rounds the pool once more: a unit in the last place (2**-10 relative).
+        limit = atol + (rtol + (2.0**-10 if meta["dtype"] == "float16" else 0.0)) * np.abs(expected)
+        if (error > limit).any():
+            report.problems.append(
+                f"sentence {i}: the stored {method} vector differs from the {method} of a fresh encoding by up to "
+                f"{float(error.max()):.3g} (tolerance {atol:g} + {rtol:g} x |value|)"
+            )
+            return
+    report.sampled = len(lines)
+    report.max_abs_error = worst
+    report.checks.append(
+        f"{len(lines)} sampled sentences: stored {method} vectors match the {method} of a fresh encoding "
+        f"(max abs error {worst:.3g}; a --pool-only cache has no token vectors to compare)"
+    )

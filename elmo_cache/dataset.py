@@ -39,6 +39,11 @@ class CacheDataset(Dataset):
         self.path = Path(path)
         self.allow_incomplete = allow_incomplete
         with reader.open(self.path, allow_incomplete=allow_incomplete) as cache:
+            if cache.pool_only:  # refused here, not at the first batch in a DataLoader worker
+                raise InvalidParameterError(
+                    f"path: {self.path} stores only pooled sentence vectors (--pool-only), no token vectors; "
+                    "read them with elmo_cache.open(path).sentence_vector(i)"
+                )
             self._length = len(cache)
             self.kind = cache.kind
             self.layers = cache.layers

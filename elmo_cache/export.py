@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheExistsError, CorpusError
+from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
 from elmo_cache.text.corpus import Corpus
 
 __all__ = ["ExportSummary", "export"]
@@ -110,6 +110,11 @@ def export(
     if output.exists() and not overwrite:
         raise CacheExistsError(f"{output} exists; pass --overwrite to replace it")
     with elmo_cache.open(cache) as opened:
+        if opened.pool_only:  # checked before anything is written
+            raise InvalidParameterError(
+                f"cache: {opened.path} stores only pooled sentence vectors (--pool-only), no token vectors to "
+                "export to allennlp's layout; export a cache built without --pool-only"
+            )
         lengths = np.asarray(opened.lengths)
         # Like verify: only a corpus the caller names is read, never the path the metadata claims.
         corpus_path: Any = corpus

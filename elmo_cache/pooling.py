@@ -72,14 +72,18 @@ class Pool:
     # Storage dtype of the pooled vectors: the cache's float dtype, float32 in a quantised cache (a pooled
     # vector is one row per sentence: quantising it would save little and add error to the vector asked for).
     dtype: str
+    # True for ``build --pool-only``: the pooled vectors are stored *instead of* the token vectors (``vectors``
+    # has no rows), so no other pool can be computed from the cache.
+    only: bool = False
 
     @classmethod
-    def for_cache(cls, method: str, vectors_dtype: str) -> Pool:
+    def for_cache(cls, method: str, vectors_dtype: str, *, only: bool = False) -> Pool:
         """The pool of a cache whose ``vectors`` have dtype ``vectors_dtype``."""
-        return cls(method, vectors_dtype if vectors_dtype in VECTOR_DTYPES else "float32")
+        return cls(method, vectors_dtype if vectors_dtype in VECTOR_DTYPES else "float32", only)
 
     def to_metadata(self) -> dict[str, Any]:
-        return {"method": self.method, "dtype": self.dtype}
+        # "only" appears in pool-only caches alone, so the metadata of caches with both stays as it was.
+        return {"method": self.method, "dtype": self.dtype, **({"only": True} if self.only else {})}
 
     def shape(self, row_shape: tuple[int, ...]) -> tuple[int, ...]:
         """One pooled vector of a cache whose (float) rows have ``row_shape``."""
@@ -91,10 +95,15 @@ def pool_of(meta: Mapping[str, Any], where: Any = "cache") -> Pool | None:
     raw = meta.get("pool")
     if raw is None:
         return None
-    if not isinstance(raw, dict) or raw.get("method") not in POOLS or raw.get("dtype") not in VECTOR_DTYPES:
+    if (
+        not isinstance(raw, dict)
+        or raw.get("method") not in POOLS
+        or raw.get("dtype") not in VECTOR_DTYPES
+        or raw.get("only", True) is not True
+    ):
         # parse_metadata refuses these at open; metadata from elsewhere (a build's identity) is checked here.
         raise CacheFormatError(f"{where}: invalid metadata: pool {raw!r}")
-    return Pool(raw["method"], raw["dtype"])
+    return Pool(raw["method"], raw["dtype"], bool(raw.get("only", False)))
 
 
 def pool_rows(rows: Any, method: str) -> np.ndarray:

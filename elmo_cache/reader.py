@@ -23,7 +23,7 @@ import numpy as np
 
 from elmo_cache import store
 from elmo_cache._cache_checks import check_arrays
-from elmo_cache._pooled_read import PooledVectors, choose_pool, pool_of_sentence
+from elmo_cache._pooled_read import PooledVectors, choose_pool, pool_of_sentence, pool_only_refusal
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
 from elmo_cache.pooling import Pool, pool_of
 from elmo_cache.quantize import Quantization, QuantizedSentence, quantization_of
@@ -127,6 +127,11 @@ class Cache:
             self._read_rows = self.quantization.decoder(self._read_stored)
         self._n = int(self._offsets.shape[0])
         self._n_rows = int(self._vectors.shape[0])
+        # A --pool-only cache has no token rows: -1 makes every read fail the bounds test below, whose error
+        # branch explains it, so the hot path of other caches pays nothing for the case.
+        self.pool_only: bool = self.pool is not None and self.pool.only
+        if self.pool_only:
+            self._n_rows = -1
         self._layered = self.kind == "layers"
         self._lengths_array: np.ndarray | None = None
         self.stores_tokens: bool = arrays.get("tokens/offsets") is not None
@@ -223,6 +228,8 @@ class Cache:
         length = self._length_at(i)
         stop = start + length
         if start < 0 or length < 0 or stop > self._n_rows:
+            if self.pool_only:
+                raise InvalidParameterError(pool_only_refusal(self.path, self.pool))
             raise CacheFormatError(
                 f"{self.path}: sentence {i} spans rows {start}..{stop} (arrays 'offsets'/'lengths') but array "
                 f"'vectors' has {self._n_rows} rows; the cache is corrupt"
@@ -378,6 +385,8 @@ class Cache:
             return None
         if self._pooled is not None and self._pooled.pool.method == method:
             return self._pooled.row(i)
+        if self.pool_only:
+            raise InvalidParameterError(pool_only_refusal(self.path, self.pool, method))
         return pool_of_sentence(self._sentence(i), self._layered, method)
 
     def __contains__(self, sentence: object) -> bool:

@@ -219,6 +219,13 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
     report.checks.append(
         f"counts ({n:,} sentences, {counts['n_tokens']:,} tokens, {n_rows:,} rows, {len(hashes):,} distinct)"
     )
+    if (meta.get("pool") or {}).get("only"):
+        if n_rows:
+            problems.append(f"vectors has {n_rows:,} rows in a --pool-only cache (pool.only), which stores none")
+            return
+        # No rows, but the offsets are still where the rows would be (they record the deduplicated repeats):
+        # they are checked against the rows they imply.
+        n_rows = int((offsets + lengths).max()) if n else 0
 
     if (lengths < 0).any() or (offsets < 0).any() or (offsets + lengths > n_rows).any():
         bad = int(np.flatnonzero((lengths < 0) | (offsets < 0) | (offsets + lengths > n_rows))[0])

@@ -19,7 +19,14 @@ from elmo_cache.selection import Selection
 if TYPE_CHECKING:
     from elmo_cache.reader import Cache
 
-__all__ = ["pooled_vector_shape", "pooled_cached", "pooled_live", "pooled_empty"]
+__all__ = [
+    "pooled_vector_shape",
+    "pooled_cached",
+    "pooled_live",
+    "pooled_empty",
+    "pool_only_refusal",
+    "stored_pool_answers",
+]
 
 
 def pooled_vector_shape(selection: Selection, dim: int, method: str) -> tuple[int, ...]:
@@ -37,14 +44,32 @@ def pooled_cached(
     cache: Cache, index: int, selection: Selection, stored: Selection, method: str, dtype: np.dtype
 ) -> np.ndarray:
     """Sentence ``index`` of ``cache`` (which stores ``stored``) pooled by ``method``, in ``dtype``."""
-    own = cache.pool
-    if own is not None and own.method == method and (selection.mix is None) == (stored.mix is None):
+    if stored_pool_answers(cache, selection, stored, method):
         # Layers from layers (a pooled row is per layer) or the cache's own mix: read, not computed.
         row = cache.sentence_vector(index)
         assert row is not None
         return selection.extract(stored, row, dtype)
     tokens = selection.extract(stored, cache[index], np.float32)
     return _pool(tokens, selection, method).astype(dtype, copy=False)
+
+
+def stored_pool_answers(cache: Cache, selection: Selection, stored: Selection, method: str | None) -> bool:
+    """Whether ``cache``'s own ``pooled`` array answers a request for ``selection`` pooled by ``method``: the same
+    pool, and layers from layers (a pooled row is per layer) or the cache's own mix. For a ``--pool-only`` cache,
+    which has no token vectors to compute anything else from, this is everything it can answer."""
+    own = cache.pool
+    return own is not None and own.method == method and (selection.mix is None) == (stored.mix is None)
+
+
+def pool_only_refusal(cache: Cache, method: str | None) -> str:
+    """The 422 of a request a ``--pool-only`` cache cannot answer, on a server without a model."""
+    own = cache.pool.method if cache.pool is not None else "?"
+    asked = f"pool={method}" if method is not None else "token vectors (no pool)"
+    return (
+        f"pool: the cache stores only {own} pooled sentence vectors (--pool-only), no token vectors, so it cannot "
+        f"answer {asked} (nor a mix it was not built with); ask with pool={own}, or start the server with --model "
+        "to encode the rest live"
+    )
 
 
 def pooled_live(acts: np.ndarray, selection: Selection, method: str, dtype: np.dtype) -> np.ndarray:

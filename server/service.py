@@ -29,7 +29,13 @@ from elmo_cache.quantize import live_as_cached
 from elmo_cache.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
-from elmo_cache.server.pooled import pooled_cached, pooled_empty, pooled_live
+from elmo_cache.server.pooled import (
+    pool_only_refusal,
+    pooled_cached,
+    pooled_empty,
+    pooled_live,
+    stored_pool_answers,
+)
 from elmo_cache.server.settings import Settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.text.tokenize import sentence_key, tokenize
@@ -147,7 +153,7 @@ class EmbedService:
         answers: list[np.ndarray | None] = [None] * len(token_lists)
         if self.cache is not None:
             t0 = time.perf_counter()
-            if self._cache_can_serve(selection):
+            if self._cache_can_serve(selection) and not self._pool_only_miss(selection, pool):
                 answers = await self.pool.run(
                     self.timeout_s, "reading the cache", self._lookup, token_lists, selection, pool
                 )
@@ -159,6 +165,9 @@ class EmbedService:
         sources = ["cache"] * len(token_lists)
         if missing:
             if self.encoder is None:
+                if self._pool_only_miss(selection, pool):
+                    assert self.cache is not None
+                    raise InvalidParameterError(pool_only_refusal(self.cache, pool))
                 raise self._not_found(token_lists, missing)
             assert self.batcher is not None  # create_app gives every encoder its batcher
             for i in missing:
@@ -196,6 +205,14 @@ class EmbedService:
 
     def _cache_can_serve(self, selection: Selection) -> bool:
         return self.stored is not None and selection.answerable_from(self.stored)
+
+    def _pool_only_miss(self, selection: Selection, pool: str | None) -> bool:
+        """A --pool-only cache asked for what its pooled rows are not (token vectors, another pool or mix): it
+        has no token vectors to compute that from, so the request goes live, or is refused without a model."""
+        cache = self.cache
+        if cache is None or not cache.pool_only or self.stored is None:
+            return False
+        return not stored_pool_answers(cache, selection, self.stored, pool)
 
     def _lookup(
         self, token_lists: list[list[str]], selection: Selection, pool: str | None = None

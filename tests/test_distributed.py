@@ -281,3 +281,15 @@ def test_the_driver_loads_no_encoder(tiny_model, tmp_path, monkeypatch):
     reference = tmp_path / "small-ref.zarr"
     build(corpus, options(tiny_model, reference))
     assert_same_cache(tmp_path / "small.zarr", reference)
+
+
+def test_pool_only_byte_equal_to_build(tiny_model, corpus, tmp_path):
+    """--pool-only on the ray engine: its full build is the ray build, so the stripped cache is the local one's."""
+    reference = tmp_path / "ref.zarr"
+    build(corpus, options(tiny_model, reference, dedupe=True, pool="mean", pool_only=True))
+    output = tmp_path / "ray.zarr"
+    summary = run(corpus, options(tiny_model, output, dedupe=True, pool="mean", pool_only=True))
+    assert summary.engine == "ray" and summary.parts == 4 and summary.n_rows == 0
+    assert_same_cache(output, reference)
+    assert elmo_cache.open(output).metadata["pool"] == {"method": "mean", "dtype": "float32", "only": True}
+    assert verify(output).ok

@@ -33,6 +33,9 @@ class BuildOptions:
     # Also store one pooled vector per sentence: None/"none", "mean", "max" or "first-last" (elmo_cache.pooling),
     # over each stored layer or the mix, from the float32 rows before any cast; read by Cache.sentence_vector.
     pool: str | None = None
+    # Store the pooled vectors *instead of* the token vectors (needs ``pool``): ``vectors`` gets no rows, so the
+    # cache is about one row per sentence instead of one per token (docs/FORMAT.md, "Pool-only caches").
+    pool_only: bool = False
     # zarr compressor: "none"/None, "zstd", "blosc-lz4", "blosc-zstd". HDF5 stays uncompressed (memmap).
     compression: str | None = None
     # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB). Not valid for HDF5.

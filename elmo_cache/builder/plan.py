@@ -20,7 +20,7 @@ from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
-from elmo_cache.pooling import Pool, parse_pool
+from elmo_cache.pooling import POOLS, Pool, parse_pool
 from elmo_cache.quantize import Quantization, parse_quantize
 from elmo_cache.selection import MixSpec, Selection
 from elmo_cache.store import Layout, OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
@@ -29,6 +29,7 @@ from elmo_cache.store.format import (
     BUILD_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
+    POOL_ONLY_FORMAT_VERSION,
     QUANTIZED_DTYPE,
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
@@ -155,10 +156,12 @@ class Plan:
     input_format: str = "lines"
     # Pooled sentence vectors stored beside the token vectors (elmo_cache.pooling.POOLS), None for none.
     pool: str | None = None
+    # --pool-only: the pooled vectors instead of the token vectors (elmo_cache.builder.poolonly).
+    pool_only: bool = False
 
     def pooling(self) -> Pool | None:
         """What the ``pooled`` array holds (None: built without --pool)."""
-        return None if self.pool is None else Pool.for_cache(self.pool, self.dtype)
+        return None if self.pool is None else Pool.for_cache(self.pool, self.dtype, only=self.pool_only)
 
     def layout(self, dim: int) -> Layout:
         """How the store lays out the rows (and pooled vectors) of a model of width ``dim``."""
@@ -259,8 +262,23 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         )
     dtype = QUANTIZED_DTYPE if quantize is not None else "float16" if options.fp16 else "float32"
     pool = parse_pool(options.pool)
+    if options.pool_only and pool is None:
+        raise InvalidParameterError(
+            "pool_only: --pool-only stores the pooled vectors instead of the token vectors, so it needs "
+            f"--pool (one of {list(POOLS)})"
+        )
     return Plan(
-        output, fmt, selection, dtype, chunk_rows, compression, shard_rows, quantize, options.input_format, pool
+        output,
+        fmt,
+        selection,
+        dtype,
+        chunk_rows,
+        compression,
+        shard_rows,
+        quantize,
+        options.input_format,
+        pool,
+        bool(options.pool_only),
     )
 
 
@@ -325,7 +343,7 @@ def metadata(
     """The cache metadata of FORMAT.md for a build at ``progress``."""
     meta = {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION if identity["tokenization"] == TOKENIZATION else TOKEN_LIST_FORMAT_VERSION,
+        "format_version": format_version(identity),
         "complete": complete,
         **{k: v for k, v in identity.items() if k != "container"},
         "n_sentences": progress.lines,
@@ -336,6 +354,13 @@ def metadata(
         "build": build_info,
     }
     return meta
+
+
+def format_version(identity: dict[str, Any]) -> int:
+    """The format version a cache of ``identity`` is written as: the lowest whose readers read it right."""
+    if (identity.get("pool") or {}).get("only"):
+        return POOL_ONLY_FORMAT_VERSION
+    return FORMAT_VERSION if identity["tokenization"] == TOKENIZATION else TOKEN_LIST_FORMAT_VERSION
 
 
 def options_json(options: BuildOptions) -> dict[str, Any]:

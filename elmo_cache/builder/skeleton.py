@@ -68,10 +68,14 @@ def run_build(
     """The build of ``corpus`` by ``engine`` (``encoder``: the one to use instead of ``options.model``)."""
     began = time.monotonic()
     source = open_corpus(corpus, options)
+    if options.pool_only:  # the full build with --pool, then its token rows dropped
+        from elmo_cache.builder.poolonly import build_pool_only
+
+        return build_pool_only(source, options, engine, encoder)
     plan = make_plan(source, options)
     engine.check(source, plan)
     with output_lock(plan.output):  # held for the whole build, by the driver for the ray workers too
-        model, files = _model(options, encoder)
+        model, files = model_description(options, encoder)
         plan = plan.with_model(model.output_dim)
         ident = identity(plan, model.identity, model.output_dim, dedupe=bool(options.dedupe))
         job = BuildJob(source, options, plan, model, files, ident, began)
@@ -111,7 +115,7 @@ def run_build(
             )
 
 
-def _model(options: BuildOptions, encoder: Encoder | None) -> tuple[ModelDescription, ModelFiles | None]:
+def model_description(options: BuildOptions, encoder: Encoder | None) -> tuple[ModelDescription, ModelFiles | None]:
     """The model's identity and width, from the given encoder or read from the files ``options`` name."""
     if encoder is not None:
         if getattr(encoder, "initial_state", "zero") == "carry":

@@ -20,6 +20,7 @@ __all__ = [
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
     "TOKEN_LIST_FORMAT_VERSION",
+    "POOL_ONLY_FORMAT_VERSION",
     "TOKENIZATIONS",
     "ARRAYS",
     "ARRAYS_V1",
@@ -72,7 +73,11 @@ TOKEN_LIST_FORMAT_VERSION = 3
 """Version written for pre-tokenised input (tsv, CoNLL-U): version 2 whose keys may be token-list keys
 (:func:`elmo_cache.text.tokenize.sentence_key`), which readers of version 2 would split wrongly."""
 
-FORMAT_VERSIONS = (1, 2, 3)
+POOL_ONLY_FORMAT_VERSION = 4
+"""Version written for ``build --pool-only``: version 3 whose ``vectors`` hold no rows (metadata ``pool.only``),
+so that readers of versions 2 and 3 (which would read every sentence as empty) refuse it."""
+
+FORMAT_VERSIONS = (1, 2, 3, 4)
 """Versions this elmo-cache reads (1: no stored tokens, no checksums; 3: tokens as given by the input)."""
 
 ARRAYS_V1 = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")
@@ -269,14 +274,17 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
     pool = raw.get("pool")
     if pool is not None and (
         not isinstance(pool, dict)
-        or set(pool) != {"method", "dtype"}
+        or set(pool) - {"only"} != {"method", "dtype"}
         or pool.get("method") not in POOL_METHODS
         or pool.get("dtype") not in VECTOR_DTYPES
+        or pool.get("only", True) is not True
     ):
         problems.append(
             f"pool {pool!r} (expected {{'method': one of {list(POOL_METHODS)}, 'dtype': one of "
-            f"{list(VECTOR_DTYPES)}}}; a newer elmo-cache may read it)"
+            f"{list(VECTOR_DTYPES)}}}, and 'only': true in a --pool-only cache; a newer elmo-cache may read it)"
         )
+    if isinstance(pool, dict) and pool.get("only") and version != POOL_ONLY_FORMAT_VERSION:
+        problems.append(f"pool.only with format_version {version!r} (a --pool-only cache is version 4)")
     dim = raw.get("dim")
     if not isinstance(dim, int) or dim <= 0:
         problems.append(f"dim {dim!r} (expected a positive integer)")

@@ -1,0 +1,249 @@
+"""Pool-only caches (``build --pool M --pool-only``): the pooled vectors *instead of* the token vectors.
+
+The pooled rows of a pool-only cache must be the bytes of the same build with the token vectors beside them
+(both containers, dedupe, a quantised cache); every read of token vectors refuses, naming the way out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import elmo_cache
+from elmo_cache.builder import BuildOptions, build
+from elmo_cache.builder.poolonly import full_output
+from elmo_cache.errors import CacheExistsError, InvalidParameterError
+from elmo_cache.store.format import POOL_ONLY_FORMAT_VERSION
+from elmo_cache.verify import verify
+from tests._build_fixtures import corpus_lines, raw_arrays, without_timings, write_corpus
+
+LINES = corpus_lines(30, seed=8)
+
+
+def _pair(tmp_path, encoder, suffix: str, **extra):
+    """The same build with the token vectors beside the pooled ones, and pool-only: their paths."""
+    corpus = write_corpus(tmp_path / "c.txt", LINES)
+    beside, only = tmp_path / f"beside{suffix}", tmp_path / f"only{suffix}"
+    common = dict(progress=False, batch_tokens=64, **extra)
+    build(corpus, BuildOptions(output=beside, **common), encoder=encoder)
+    summary = build(corpus, BuildOptions(output=only, pool_only=True, **common), encoder=encoder)
+    assert summary.path == only and summary.n_rows == 0 and not summary.already_complete
+    return corpus, beside, only
+
+
+@pytest.mark.parametrize(
+    ("suffix", "extra"),
+    [
+        (".zarr", {"pool": "mean", "dedupe": True, "fp16": True}),
+        (".h5", {"pool": "max", "dedupe": True}),
+        (".h5", {"pool": "first-last", "fp16": True, "layers": "0,2"}),
+        (".zarr", {"pool": "mean", "quantize": "int8"}),
+    ],
+)
+def test_pooled_rows_are_the_beside_builds_byte_for_byte(tmp_path, tiny_encoder, suffix, extra):
+    _, beside, only = _pair(tmp_path, tiny_encoder, suffix, **extra)
+    meta_b, full = raw_arrays(beside)
+    meta_o, stripped = raw_arrays(only)
+    assert stripped["pooled"].tobytes() == full["pooled"].tobytes() and stripped["pooled"].dtype == full["pooled"].dtype
+    assert stripped["vectors"].shape == (0, *full["vectors"].shape[1:])
+    for name in ("offsets", "lengths", "index/hashes", "index/rows", "tokens/bytes", "tokens/offsets"):
+        assert np.array_equal(stripped[name], full[name]), name
+    assert meta_o["pool"] == {**meta_b["pool"], "only": True}
+    assert meta_o["format_version"] == POOL_ONLY_FORMAT_VERSION
+    assert (
+        meta_o["n_rows"] == 0 and meta_o["n_tokens"] == meta_b["n_tokens"] and meta_o["n_unique"] == meta_b["n_unique"]
+    )
+    assert not full_output(only).exists()  # the full build is removed once the strip is published
+    report = verify(only)
+    assert report.ok, report
+    b, o = elmo_cache.open(beside), elmo_cache.open(only)
+    for i, line in enumerate(LINES):
+        assert o.sentence_vector(i).tobytes() == b.sentence_vector(i).tobytes()
+        if line.split():
+            assert o.sentence_vector(line).tobytes() == b.sentence_vector(line).tobytes()
+    # What it saves: one row per sentence instead of one per token plus one per sentence.
+    print(f"\n{suffix} {extra}: {full['vectors'].nbytes + full['pooled'].nbytes} -> {stripped['pooled'].nbytes} bytes")
+
+
+def test_reads_of_token_vectors_refuse_naming_sentence_vector(tmp_path, tiny_encoder):
+    _, _, only = _pair(tmp_path, tiny_encoder, ".zarr", pool="mean")
+    cache = elmo_cache.open(only)
+    assert cache.pool_only and cache.pool is not None and cache.pool.only
+    message = r"stores only pooled vectors \(--pool-only, pool 'mean'\), no token vectors; use cache.sentence_vector"
+    empty = next(i for i, line in enumerate(LINES) if not line.split())
+    for read in (lambda: cache[0], lambda: cache[empty], lambda: cache.get(LINES[0]), lambda: list(cache)):
+        with pytest.raises(InvalidParameterError, match=message):
+            read()
+    with pytest.raises(InvalidParameterError, match=r"pool: .* stores only 'mean' pooled vectors .* to compute 'max'"):
+        cache.sentence_vector(0, pool="max")
+    assert cache.sentence_vector(0, pool="mean") is not None and cache.tokens(0) == LINES[0].split()
+    assert cache.find(LINES[0]) == 0 and LINES[0] in cache
+
+
+def test_pool_only_needs_a_pool_and_is_part_of_the_identity(tmp_path, tiny_encoder):
+    corpus = write_corpus(tmp_path / "c.txt", LINES[:6])
+    with pytest.raises(InvalidParameterError, match=r"pool_only: --pool-only .* needs --pool"):
+        build(corpus, BuildOptions(output=tmp_path / "x.zarr", pool_only=True, progress=False), encoder=tiny_encoder)
+    output = tmp_path / "c.zarr"
+    build(corpus, BuildOptions(output=output, pool="mean", pool_only=True, progress=False), encoder=tiny_encoder)
+    again = build(
+        corpus, BuildOptions(output=output, pool="mean", pool_only=True, progress=False), encoder=tiny_encoder
+    )
+    assert again.already_complete and again.n_rows == 0
+    with pytest.raises(CacheExistsError, match=r"pool: \{'method': 'mean', 'dtype': 'float32', 'only': True\} there"):
+        build(corpus, BuildOptions(output=output, pool="mean", progress=False), encoder=tiny_encoder)
+
+
+def test_verify_notes_the_skipped_recompute_and_samples_pools(tmp_path, tiny_encoder):
+    _, _, only = _pair(tmp_path, tiny_encoder, ".h5", pool="mean", fp16=True, dedupe=True)
+    report = verify(only, sample=6, encoder=tiny_encoder)
+    assert report.ok, report
+    assert any("not recomputed from token vectors (a --pool-only cache stores none)" in note for note in report.notes)
+    assert report.sampled == 6 and any(
+        "stored mean vectors match the mean of a fresh encoding" in c for c in report.checks
+    )
+    # The zero-row layout passes for the cache that says it is pool-only; its bounds are still checked.
+    assert any("offsets and lengths consistent (deduplicated)" in check for check in report.checks)
+
+
+def test_sample_catches_a_wrong_pool(tmp_path, tiny_encoder, monkeypatch):
+    """--sample re-encodes: a fresh encoding that differs from the stored pools is caught (the check can fail)."""
+    _, _, only = _pair(tmp_path, tiny_encoder, ".zarr", pool="max")
+    real = tiny_encoder.embed_batch
+    monkeypatch.setattr(tiny_encoder, "embed_batch", lambda lists: [a + 0.01 for a in real(lists)])
+    report = verify(only, sample=4, encoder=tiny_encoder)
+    assert not report.ok
+    assert "the stored max vector differs from the max of a fresh encoding by up to 0.01" in report.problems[0]
+
+
+def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encoder):
+    from tests.test_resume import failing_on
+
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))
+    options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False, pool="mean", dedupe=True)
+    reference = tmp_path / "reference.zarr"
+    build(corpus, BuildOptions(output=reference, pool_only=True, **options), encoder=tiny_encoder)
+    output = tmp_path / "resumed.zarr"
+    for fail_at in (7, 3):
+        with failing_on(tiny_encoder, fail_at), pytest.raises(RuntimeError, match="simulated crash"):
+            build(corpus, BuildOptions(output=output, pool_only=True, **options), encoder=tiny_encoder)
+        assert not output.exists()
+    summary = build(corpus, BuildOptions(output=output, pool_only=True, **options), encoder=tiny_encoder)
+    assert summary.resumed_from > 0 and summary.n_rows == 0
+    meta_ref, ref = raw_arrays(reference)
+    meta_out, out = raw_arrays(output)
+    for meta in (meta_ref, meta_out):
+        meta["build"]["args"].pop("output")  # the only intended difference
+    assert without_timings(meta_out) == without_timings(meta_ref)
+    assert sorted(ref) == sorted(out)
+    for name in ref:
+        assert ref[name].dtype == out[name].dtype and ref[name].tobytes() == out[name].tobytes(), name
+    assert verify(output).ok
+
+
+def test_a_crash_in_the_strip_is_redone(tmp_path, tiny_encoder, monkeypatch):
+    import elmo_cache.builder.poolonly as poolonly
+
+    corpus = write_corpus(tmp_path / "c.txt", LINES)
+    reference, output = tmp_path / "r.h5", tmp_path / "o.h5"
+    build(corpus, BuildOptions(output=reference, pool="max", pool_only=True, progress=False), encoder=tiny_encoder)
+    options = BuildOptions(output=output, pool="max", pool_only=True, progress=False)
+    real = poolonly.sentence_hash
+
+    def crash(tokens):
+        raise RuntimeError("simulated crash in the strip")
+
+    monkeypatch.setattr(poolonly, "sentence_hash", crash)
+    with pytest.raises(RuntimeError, match="in the strip"):
+        build(corpus, options, encoder=tiny_encoder)
+    assert not output.exists() and full_output(output).exists()  # the full build is kept for the retry
+    monkeypatch.setattr(poolonly, "sentence_hash", real)
+    assert not build(corpus, options, encoder=tiny_encoder).already_complete
+    assert raw_arrays(output)[1]["pooled"].tobytes() == raw_arrays(reference)[1]["pooled"].tobytes()
+    assert not full_output(output).exists()
+
+
+def test_export_and_dataset_refuse(tmp_path, tiny_encoder):
+    from elmo_cache.dataset import CacheDataset
+    from elmo_cache.export import export
+
+    _, _, only = _pair(tmp_path, tiny_encoder, ".h5", pool="mean")
+    with pytest.raises(InvalidParameterError, match=r"stores only pooled sentence vectors \(--pool-only\), no token"):
+        export(only, tmp_path / "out.hdf5")
+    assert not (tmp_path / "out.hdf5").exists()
+    with pytest.raises(InvalidParameterError, match=r"path: .* \(--pool-only\).*sentence_vector\(i\)"):
+        CacheDataset(only)
+
+
+def test_cli(tmp_path, tiny_model):
+    from click.testing import CliRunner
+
+    from elmo_cache.cli.main import cli
+
+    corpus = write_corpus(tmp_path / "c.txt", LINES[:8])
+    model = ["--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1]), "--no-progress"]
+    runner = CliRunner()
+    bad = runner.invoke(cli, ["build", str(corpus), "-o", str(tmp_path / "x.zarr"), "--pool-only", *model])
+    assert bad.exit_code != 0 and "pool_only: --pool-only stores the pooled vectors" in bad.output
+    output = str(tmp_path / "c.zarr")
+    done = runner.invoke(cli, ["build", str(corpus), "-o", output, "--pool", "max", "--pool-only", *model])
+    assert done.exit_code == 0, done.output
+    assert "0 rows" in done.output
+    info = runner.invoke(cli, ["info", output])
+    assert "pooled:       one max vector per sentence, float32 (--pool-only: no token vectors)" in info.output
+    assert elmo_cache.open(tmp_path / "c.zarr").sentence_vector(0).shape == (3, 32)
+
+
+def test_server_answers_the_stored_pool_and_the_rest_live_or_422(tmp_path, tiny_encoder):
+    from elmo_cache.server import create_app
+    from tests.server_helpers import LINES as SERVED
+    from tests.server_helpers import UNSEEN, decode, decode_item, run, settings
+
+    corpus = write_corpus(tmp_path / "s.txt", SERVED)
+    path = tmp_path / "s.zarr"
+    build(
+        corpus, BuildOptions(output=path, pool="mean", pool_only=True, fp16=True, progress=False), encoder=tiny_encoder
+    )
+    cache = elmo_cache.open(path)
+    line = next(text for text in SERVED if text.split())
+
+    async def cache_alone(client):
+        stored = cache.sentence_vector(cache.find(line))
+        response = await client.get("/embed", params={"sentence": line, "pool": "mean", "format": "npy"})
+        assert response.status_code == 200, response.text
+        np.testing.assert_array_equal(decode(response), stored)  # the stored row, as it is
+        body = (await client.get("/embed", params={"sentence": line, "pool": "mean", "layers": "2"})).json()
+        assert body["source"] == "cache"
+        np.testing.assert_array_equal(decode_item(body), stored[2:3])
+        for params in ({"sentence": line}, {"sentence": line, "pool": "max"}):
+            refused = await client.get("/embed", params=params)
+            assert refused.status_code == 422, refused.text
+            assert (
+                "stores only mean pooled sentence vectors (--pool-only)" in refused.text and "--model" in refused.text
+            )
+        missing = await client.get("/embed", params={"sentence": UNSEEN[0], "pool": "mean"})
+        assert missing.status_code == 404
+
+    run(create_app(settings(), cache=cache), cache_alone)
+
+    async def with_model(client):
+        tokens = (await client.get("/embed", params={"sentence": line})).json()
+        assert tokens["source"] == "live" and tokens["shape"][1] == len(line.split())
+        other = (await client.get("/embed", params={"sentence": line, "pool": "max"})).json()
+        assert other["source"] == "live" and other["pool"] == "max"
+        own = (await client.get("/embed", params={"sentence": line, "pool": "mean"})).json()
+        assert own["source"] == "cache"
+
+    run(create_app(settings(), encoder=tiny_encoder, cache=cache), with_model)
+
+
+def test_metadata_of_a_pool_only_cache_is_checked():
+    from elmo_cache.errors import CacheFormatError
+    from elmo_cache.store.format import parse_metadata
+
+    base = {"format": "elmo-cache", "kind": "mix", "dtype": "float16", "dim": 4, "layers": None, "complete": True}
+    pool = {"method": "mean", "dtype": "float16", "only": True}
+    assert parse_metadata("c", {**base, "format_version": 4, "pool": pool})["pool"]["only"] is True
+    with pytest.raises(CacheFormatError, match=r"pool.only with format_version 2 \(a --pool-only cache is version 4\)"):
+        parse_metadata("c", {**base, "format_version": 2, "pool": pool})
+    with pytest.raises(CacheFormatError, match=r"'only': true in a --pool-only cache"):
+        parse_metadata("c", {**base, "format_version": 4, "pool": {**pool, "only": False}})
