@@ -271,3 +271,33 @@ def test_pre_tokenised_input_with_spaces_in_tokens(tmp_path, tiny_encoder):
     assert cache.sentence_vector(["New York", "is", "big"]).tobytes() == cache.sentence_vector(0).tobytes()
     assert cache.sentence_vector(["New", "York", "is", "big"]).tobytes() == cache.sentence_vector(1).tobytes()
     assert verify(only).ok
+
+
+def test_verify_accepts_rowless_offsets_only_for_a_pool_only_cache(tmp_path, tiny_encoder):
+    """The structure checks of verify on a pool-only cache's arrays: with the metadata saying pool.only they
+    pass; the same arrays in a cache that does not say so (or rows where pool.only says none) are refused."""
+    import json
+
+    import h5py
+
+    from elmo_cache.store import open_with_library
+    from elmo_cache.verify import VerifyReport, _check_structure
+
+    _, _, only = _pair(tmp_path, tiny_encoder, ".h5", pool="mean", dedupe=True)
+    fmt, raw, arrays, close = open_with_library(only)
+    try:
+        meta = json.loads(raw)
+        report = VerifyReport(only)
+        _check_structure(fmt, meta, arrays, report)
+        assert not report.problems, report.problems
+        beside_meta = {**meta, "pool": {"method": "mean", "dtype": "float32"}}
+        report = VerifyReport(only)
+        _check_structure(fmt, beside_meta, arrays, report)
+        assert report.problems and "outside vectors (n_rows 0)" in report.problems[0]
+        with h5py.File(tmp_path / "rows.h5", "w") as f:  # a contiguous dataset, as the container checks want
+            rows = f.create_dataset("vectors", shape=(3, *arrays["vectors"].shape[1:]), dtype=arrays["vectors"].dtype)
+            report = VerifyReport(only)
+            _check_structure(fmt, {**meta, "n_rows": 3}, {**arrays, "vectors": rows}, report)
+        assert report.problems == ["vectors has 3 rows in a --pool-only cache (pool.only), which stores none"]
+    finally:
+        close()
