@@ -142,6 +142,7 @@ cache_path, port, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[
 class Wrapped:
     def __init__(self, cache):
         self._cache, self.metadata, self.dtype = cache, cache.metadata, cache.dtype
+        self.pool_only = cache.pool_only
     def __len__(self):
         return len(self._cache)
     def find(self, tokens):

@@ -28,6 +28,7 @@ class WrappedCache:
     def __init__(self, cache, *, fail=None, hang=None, damage=None):
         self._cache = cache
         self.metadata, self.dtype, self.kind = cache.metadata, cache.dtype, getattr(cache, "kind", None)
+        self.pool_only = cache.pool_only
         self.fail = fail or {}  # sentence -> exception raised by the read
         self.hang = set(hang or ())  # sentences whose read blocks until `release` is set
         self.damage = set(damage or ())  # sentences read back with a NaN in them
