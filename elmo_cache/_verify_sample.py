@@ -112,11 +112,20 @@ def check_sample(
     atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))
     offsets = arrays["offsets"]
     lengths = arrays["lengths"]
-    quantization = quantization_of(meta)
+    quantization = quantization_of(meta, _codebooks(arrays, meta))
     worst = 0.0
     for i, reference in zip(lines, references):
         start, length = int(offsets[i]), int(lengths[i])
         stored = np.asarray(arrays["vectors"][start : start + length])
+        if quantization is not None and quantization.scheme == "pq":
+            # A pq code is right when its centroid is (within the encoder's tolerance) a nearest one.
+            expected = _expected(reference, meta)
+            problem = quantization.nearest_problem(stored, expected, atol + rtol * np.abs(expected))
+            worst = max(worst, float(np.abs(quantization.dequantize(stored) - expected).max()))
+            if problem is not None:
+                report.problems.append(f"sentence {i}: {problem}")
+                return
+            continue
         # Quantised: each value may be off by half its vector's scale, on top of the encoder's own tolerance.
         half_step = 0.0 if quantization is None else quantization.split(stored)[1][..., None] * (0.5 + 1e-4)
         stored = stored.astype(np.float32) if quantization is None else quantization.dequantize(stored)
@@ -133,3 +142,13 @@ def check_sample(
     report.sampled = len(lines)
     report.max_abs_error = worst
     report.checks.append(f"{len(lines)} sampled sentences match a fresh encoding (max abs error {worst:.3g})")
+
+
+def _codebooks(arrays: dict[str, Any], meta: dict[str, Any]) -> Any:
+    """A pq cache's codebooks as the library read them (None for other caches: not needed)."""
+    from elmo_cache.store.format import CODEBOOKS
+
+    array = arrays.get(CODEBOOKS)
+    if array is None or (meta.get("quantization") or {}).get("scheme") != "pq":
+        return None
+    return np.asarray(array[...])

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from elmo_cache.builder._parts import PartSpec, marker_path
 from elmo_cache.builder._rowsink import file_range, fragment_path
 from elmo_cache.builder.firstpass import FirstPass
@@ -60,9 +62,11 @@ def publish(
     first: FirstPass,
     sums: dict[int, tuple[int, int]],
     meta_of: Callable[[int], dict[str, Any]],
+    extra: dict[str, np.ndarray] | None = None,
 ) -> tuple[Path, int]:
-    """Write the index and the other small arrays, then the metadata ``meta_of(n_unique)`` last, and rename
-    the staging to ``output``; returns the cache's path and its distinct sentences."""
+    """Write the index and the other small arrays (and ``extra``: optional arrays such as a pq cache's
+    codebooks), then the metadata ``meta_of(n_unique)`` last, and rename the staging to ``output``;
+    returns the cache's path and its distinct sentences."""
     hashes, lines = sort_index(lambda a, b: first.hashes[a:b], first.n_lines, staging / BUILD_DIR / "index")
     starts = offsets_after_zero(first.directory / "text_ends.bin", first.n_lines, staging / BUILD_DIR / "offsets.bin")
     small = {
@@ -72,5 +76,6 @@ def publish(
         "index/rows": lines,
         "tokens/bytes": first.text,
         "tokens/offsets": starts,
+        **(extra or {}),
     }
     return finish_group(staging, output, small, meta_of(len(hashes)), sums), len(hashes)

@@ -267,6 +267,8 @@ class Writer:
         self._pending_rows = 0
         self._pending_tokens = 0
         self.initial_metadata: dict[str, Any] = {}
+        # Arrays of store.format.OPTIONAL_ARRAYS the finished cache holds (a pq cache's codebooks), set by the build.
+        self.extra_arrays: dict[str, np.ndarray] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -368,6 +370,7 @@ class Writer:
             "index/rows": rows,
             "tokens/bytes": self.text.read(int(starts[-1])),
             "tokens/offsets": starts,
+            **self.extra_arrays,
         }
 
     def committed_key(self, i: int) -> bytes:

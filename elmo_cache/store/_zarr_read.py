@@ -15,6 +15,7 @@ from elmo_cache.store._zarr_maps import ChunkedArray, DecodedChunks, MappedChunk
 from elmo_cache.store.format import (
     ARRAYS,
     META_KEY,
+    OPTIONAL_ARRAYS,
     ZARR_JSON,
     decode_metadata,
 )
@@ -175,11 +176,12 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
     except Exception as exc:  # zarr raises many types for foreign directories
         raise CacheFormatError(f"{path}: not a zarr v3 group ({exc})") from None
     arrays: dict[str, Any] = {}
-    for name in ARRAYS:
+    for name in (*ARRAYS, *OPTIONAL_ARRAYS):
         try:
             arrays[name] = group[name]
         except KeyError:
-            arrays[name] = None
+            if name not in OPTIONAL_ARRAYS:  # those only some caches hold are named only when there
+                arrays[name] = None
     return group.attrs.get(META_KEY), arrays, lambda: None
 
 

@@ -24,6 +24,8 @@ __all__ = [
     "ARRAYS",
     "ARRAYS_V1",
     "TOKEN_ARRAYS",
+    "CODEBOOKS",
+    "OPTIONAL_ARRAYS",
     "arrays_of",
     "INDEX_DTYPES",
     "TEXT_ENCODING",
@@ -38,6 +40,7 @@ __all__ = [
     "VECTOR_DTYPES",
     "QUANTIZED_DTYPE",
     "QUANTIZATION_SCHEMES",
+    "QUANTIZED_DTYPES",
     "SCALE_BYTES",
     "KINDS",
     "LAYER_IDS",
@@ -102,7 +105,13 @@ BLOCK_SUMS_ALGORITHM = "crc32c"
 """Metadata ``checksums.blocks.algorithm``: CRC-32C (Castagnoli; hardware-accelerated by google-crc32c)
 of each block of rows, so that a reader can check a block the first time it touches it."""
 
-BLOCK_SUMS = {name: "blocksums/" + name.replace("/", "_") for name in ARRAYS}
+CODEBOOKS = "quantization/codebooks"
+"""A product-quantised cache's centroids (float32, 1-D; metadata ``quantization``, FORMAT.md)."""
+
+OPTIONAL_ARRAYS = (CODEBOOKS,)
+"""Arrays only some caches hold (their metadata says so); covered by checksums and block sums like the others."""
+
+BLOCK_SUMS = {name: "blocksums/" + name.replace("/", "_") for name in ARRAYS + OPTIONAL_ARRAYS}
 """For each array, the uint32 array holding the CRC-32C of each of its blocks of rows (FORMAT.md)."""
 
 SMALL_BLOCK_ROWS = 1 << 16
@@ -124,8 +133,12 @@ VECTOR_DTYPES = ("float16", "float32")
 QUANTIZED_DTYPE = "int8"
 """Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.quantize)."""
 
-QUANTIZATION_SCHEMES = ("int8",)
-"""Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector."""
+QUANTIZATION_SCHEMES = ("int8", "pq")
+"""Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector;
+``pq``, one uint8 code per sub-vector and the codebooks in :data:`CODEBOOKS`."""
+
+QUANTIZED_DTYPES = {"int8": QUANTIZED_DTYPE, "pq": "uint8"}
+"""Storage dtype of ``vectors`` for each quantisation scheme."""
 
 SCALE_BYTES = 4
 """Bytes of a quantised vector's scale (float32, little-endian), stored right after its codes."""
@@ -231,15 +244,16 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
     quantization = raw.get("quantization")
     if quantization is None and raw.get("dtype") not in VECTOR_DTYPES:
         problems.append(f"dtype {raw.get('dtype')!r} (expected 'float16' or 'float32')")
+    scheme = quantization.get("scheme") if isinstance(quantization, dict) else None
     if quantization is not None and (
-        raw.get("dtype") != QUANTIZED_DTYPE
-        or not isinstance(quantization, dict)
-        or quantization.get("scheme") not in QUANTIZATION_SCHEMES
-        or quantization.get("scale") != "float32"
+        scheme not in QUANTIZATION_SCHEMES
+        or raw.get("dtype") != QUANTIZED_DTYPES[scheme]
+        or (scheme == "int8" and quantization.get("scale") != "float32")
+        or (scheme == "pq" and quantization.get("codebooks") != CODEBOOKS)
     ):
         problems.append(
-            f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected a scheme of "
-            f"{list(QUANTIZATION_SCHEMES)} with 'scale': 'float32' and dtype {QUANTIZED_DTYPE!r}; a newer "
+            f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected 'int8' with 'scale': "
+            f"'float32' and dtype 'int8', or 'pq' with 'codebooks': {CODEBOOKS!r} and dtype 'uint8'; a newer "
             "elmo-cache may read it)"
         )
     dim = raw.get("dim")

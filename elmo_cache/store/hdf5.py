@@ -36,6 +36,7 @@ from elmo_cache.store.format import (
     CHECKSUM_ALGORITHM,
     HDF5_SIGNATURE,
     META_KEY,
+    OPTIONAL_ARRAYS,
     SMALL_BLOCK_ROWS,
     checksum,
     decode_metadata,
@@ -52,6 +53,9 @@ __all__ = [
     "open_with_library",
     "little_endian",
 ]
+
+# The block sums of OPTIONAL_ARRAYS: like them, listed by open_with_library only when present.
+_OPTIONAL_SUMS = {BLOCK_SUMS[name] for name in OPTIONAL_ARRAYS}
 
 # Rows copied per step when the vectors move into the HDF5 file (bounds memory, keeps writes large).
 _COPY_BYTES = 64 * 2**20
@@ -152,8 +156,11 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
         handle = h5py.File(path, "r")
     except OSError as exc:
         raise CacheFormatError(f"{path}: neither a zarr directory nor a readable HDF5 file ({exc})") from None
-    names = (*ARRAYS, *BLOCK_SUMS.values())
-    return handle.attrs.get(META_KEY), {name: handle.get(name) for name in names}, handle.close
+    arrays = {name: handle.get(name) for name in (*ARRAYS, *BLOCK_SUMS.values())}
+    # Arrays only some caches hold are named only when there (with their block sums).
+    arrays = {name: a for name, a in arrays.items() if a is not None or name not in _OPTIONAL_SUMS}
+    arrays.update({name: handle[name] for name in OPTIONAL_ARRAYS if name in handle})
+    return handle.attrs.get(META_KEY), arrays, handle.close
 
 
 # -- writing ----------------------------------------------------------------------------------------
