@@ -10,8 +10,8 @@ widely in scale and spread) or one for a mix: the codebooks, an array of their o
 The codebooks are trained on the corpus's own vectors before any row is written
 (:mod:`elmo_cache.builder.codebooks`: faiss k-means, fixed seed, one thread), so the codes are
 as deterministic as the floats: the same on resume and in every Ray worker. Codes are assigned on
-the encoder's device by :meth:`ProductQuantization.quantize` (squared distances summed in a fixed
-order, the first of equal minima), not by faiss, so that a build needs faiss only to train.
+the encoder's device by :meth:`ProductQuantization.quantize` (torch, the first of equal minima), not by
+faiss, so that a build needs faiss only to train.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ PQ_DTYPE = "uint8"
 """Storage dtype of ``vectors`` in a product-quantised cache."""
 
 _PQ = re.compile(r"pq:(\d+)")
-# Elements of the (rows, slots, M, 256) distance tensor computed at once while assigning codes (32 MiB).
-_CHUNK_ELEMENTS = 1 << 23
+# Elements of the (slots * M, rows, 256) distance tensor computed at once while assigning codes (128 MiB):
+# smaller chunks cost more per row (341 rows of bundled pq:64: +15%, 64 rows: +70%; 2-core CPU).
+_CHUNK_ELEMENTS = 1 << 25
 
 
 def pq_choices() -> str:
@@ -171,23 +172,26 @@ class ProductQuantization:
         """Rows ``(..., slots, dim)`` (or ``(..., dim)`` for a mix) of float32, on any device, as stored
         uint8 rows ``(..., slots, m)`` (host numpy): each sub-vector's nearest centroid, the first of equals.
 
-        Squared distances are summed over the sub-vector's values one value at a time, elementwise: no
-        matrix product whose summation order could change with the thread count or batch shape, so
-        a window gets the same codes in every process (a non-finite vector gets codes 0).
+        Distances as ``|c|^2 - 2 x.c`` with one batched matrix product per chunk of rows (``|x|^2`` is the
+        same for every centroid): an elementwise ``(x - c)^2`` moved ~16x the bytes and made a bundled
+        build 8x slower (benchmarks/RESULTS.md). A vector with a NaN gets arbitrary codes (a pq cache cannot
+        hold a non-finite value; int8 can). Each dot product has ``dim / m`` terms, too few for a
+        BLAS to split between threads, and both engines encode the same windows in the same batches, so
+        the codes are the same in every process (tests/test_distributed.py compares the bytes).
         """
         import torch
 
         table = torch.tensor(self._table(), device=x.device)  # (slots, m, 256, dsub); a copy: ours is read-only
-        flat = x.float().reshape(-1, self.slots, self.m, self.dsub)
-        out = torch.empty(flat.shape[:3], dtype=torch.uint8, device=x.device)
+        books = table.reshape(self.slots * self.m, CENTROIDS, self.dsub)
+        norms = (books * books).sum(-1)[:, None, :]  # (slots * m, 1, 256)
+        flat = x.float().reshape(-1, self.slots * self.m, self.dsub).transpose(0, 1)  # (slots * m, n, dsub)
+        out = torch.empty(flat.shape[:2], dtype=torch.uint8, device=x.device)
         step = max(1, _CHUNK_ELEMENTS // (self.slots * self.m * CENTROIDS))
-        for start in range(0, flat.shape[0], step):
-            part = flat[start : start + step]
-            dist = torch.zeros((part.shape[0], self.slots, self.m, CENTROIDS), device=x.device)
-            for j in range(self.dsub):
-                dist += (part[..., j, None] - table[..., j]) ** 2
-            out[start : start + step] = torch.nan_to_num(dist, nan=0.0).argmin(dim=-1).to(torch.uint8)
-        return out.cpu().numpy().reshape(*x.shape[:-1], self.m)
+        books_t = books.transpose(1, 2).contiguous()
+        for start in range(0, flat.shape[1], step):
+            dist = torch.baddbmm(norms, flat[:, start : start + step], books_t, alpha=-2)
+            out[:, start : start + step] = dist.argmin(dim=-1).to(torch.uint8)
+        return out.transpose(0, 1).cpu().numpy().reshape(*x.shape[:-1], self.m)
 
     # -- reading ----------------------------------------------------------------------------------
 

@@ -62,8 +62,10 @@ def test_codes_are_the_nearest_centroids_per_slot_and_layout_is_kept():
     assert codes.dtype == np.uint8 and codes.shape == (5, 7, 3, 8)
     table = q.codebooks
     sub = x.numpy().reshape(5, 7, 3, 8, 1, 4)
-    brute = ((sub - table[None, None]) ** 2).sum(-1).argmin(-1)  # slot s uses its own codebooks
-    np.testing.assert_array_equal(codes, brute)
+    dist = ((sub - table[None, None]) ** 2).sum(-1)  # slot s uses its own codebooks
+    assert (codes == dist.argmin(-1)).mean() > 0.99  # up to a near-tie (|c|^2 - 2x.c rounds otherwise)
+    chosen = np.take_along_axis(dist, codes[..., None].astype(np.intp), -1)[..., 0]
+    np.testing.assert_allclose(chosen, dist.min(-1), rtol=1e-5, atol=1e-5)
     back = q.dequantize(codes)
     assert back.shape == (5, 7, 3, DIM) and back.dtype == np.float32
     np.testing.assert_array_equal(back[1, 2, 0, 4:8], table[0, 1, codes[1, 2, 0, 1]])
