@@ -328,3 +328,23 @@ def test_the_servers_live_answers_go_through_the_codebooks_as_its_hits(tmp_path,
         assert not np.array_equal(got, raw) and np.abs(got - raw).max() < 0.3
 
     run(app, scenario)
+
+
+def test_reading_needs_no_faiss_and_building_without_it_says_what_to_install(
+    tmp_path, tiny_encoder, corpus, monkeypatch
+):
+    import sys
+
+    output = tmp_path / "q.zarr"
+    build(corpus, BuildOptions(output=output, quantize="pq:8", progress=False), encoder=tiny_encoder)
+    with elmo_cache.open(output) as cache:
+        want = [cache[i] for i in range(5)]
+    monkeypatch.setitem(sys.modules, "faiss", None)  # as if faiss were not installed
+    with elmo_cache.open(output) as cache:
+        for i in range(5):
+            np.testing.assert_array_equal(cache[i], want[i])
+        batch = elmo_cache.collate([cache.quantized(i) for i in range(5)])
+        np.testing.assert_array_equal(batch.vectors[2, :, : want[2].shape[1]].numpy(), want[2])
+    assert verify(output, sample=3, encoder=tiny_encoder).ok
+    with pytest.raises(InvalidParameterError, match=r'trained with faiss: pip install "elmo-cache\[pq\]"'):
+        build(corpus, BuildOptions(output=tmp_path / "new.zarr", quantize="pq:8", progress=False), encoder=tiny_encoder)

@@ -109,11 +109,14 @@ class WindowEncoder:
         self.quantization = plan.quantization(encoder.output_dim)
         if getattr(self.quantization, "scheme", None) == "pq":  # its codebooks, trained before any row is written
             from elmo_cache.builder.codebooks import staged_codebooks
+            from elmo_cache.errors import CacheFormatError
             from elmo_cache.store.format import staging_path
 
             self.quantization = staged_codebooks(staging_path(plan.output), self.quantization)
             if self.quantization is None:
-                raise RuntimeError(f"{staging_path(plan.output)}: no staged codebooks (trained when the build starts)")
+                raise CacheFormatError(
+                    f"{staging_path(plan.output)}: no staged codebooks (trained as the build starts)"
+                )
 
     def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the batch's sentences, concatenated in batch order, and where each starts."""
