@@ -2,13 +2,17 @@
 
     python benchmarks/bench_quantize.py --heldout /work/data/corpus/heldout.txt --lines 600    # bundled model
     python benchmarks/bench_quantize.py --size original --tokens 1500                         # Original-size random
+    python benchmarks/bench_quantize.py --heldout ... --quantize pq:64                        # also product-quantised
 
 For one corpus (the first ``--lines`` lines of ``--heldout``, or a generated corpus of ``--tokens``
-tokens) it builds three zarr caches of all three layers with the same encoder: float32 (the
-reference), ``--fp16`` and ``--quantize int8``, and reports
+tokens) it builds zarr caches of all three layers with the same encoder: float32 (the reference),
+``--fp16``, ``--quantize int8`` and each ``--quantize pq:M`` asked for (codebooks trained on the
+corpus's own first 65,536 rows, so on a small corpus every vector read back was in the training
+sample: see benchmarks/pq_alternatives.py for vectors outside it), and reports
+
 
 * **bytes per token** of the stored vectors (the ``vectors`` array: rows x row bytes / tokens) and the
-  caches' size on disk, against float16;
+  caches' size on disk (a pq cache's codebooks included), against float16;
 * **reconstruction error** per layer against float32: max abs error, mean and min cosine, relative RMS;
 * **perplexity** (bundled model only: it ships a softmax): layer 2's forward and backward halves of each
   cache through the model's full softmax, every sentence from the zero state as the encoder runs it. A
@@ -69,12 +73,12 @@ def load_encoder(args: argparse.Namespace) -> tuple[Encoder, Path | None]:
     return Encoder.load(cached_model(args.size), device="cpu"), None
 
 
-def build_all(lines: list[str], encoder: Encoder, work: Path) -> dict[str, tuple[Path, float]]:
+def build_all(lines: list[str], encoder: Encoder, work: Path, pq: list[str]) -> dict[str, tuple[Path, float]]:
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = {}
-    for name, extra in STORAGE.items():
-        options = BuildOptions(output=work / f"{name}.zarr", progress=False, device="cpu", **extra)
+    for name, extra in {**STORAGE, **{m: {"quantize": m} for m in pq}}.items():
+        options = BuildOptions(output=work / f"{name.replace(':', '')}.zarr", progress=False, device="cpu", **extra)
         start = time.perf_counter()
         summary = build(corpus, options, encoder=encoder)
         out[name] = (summary.path, summary.n_tokens / (time.perf_counter() - start))
@@ -90,7 +94,8 @@ def sizes(caches: dict[str, tuple[Path, float]]) -> None:
             per_token = row * cache.stored_dtype.itemsize * cache.metadata["n_rows"] / cache.n_tokens
         disk = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         base = per_token if name == "float16" else base
-        print(f"  {name:8s} {per_token:8.1f} B/token   disk {disk / 2**20:8.2f} MiB")
+        ratio = "" if base is None else f"  ({base / per_token:5.2f}x smaller than float16)"
+        print(f"  {name:8s} {per_token:8.1f} B/token   disk {disk / 2**20:8.2f} MiB{ratio}")
     int8 = caches["int8"][0]
     with elmo_cache.open(int8) as cache:
         q = cache.quantization
@@ -101,7 +106,7 @@ def sizes(caches: dict[str, tuple[Path, float]]) -> None:
 def errors(caches: dict[str, tuple[Path, float]]) -> None:
     print("\nreconstruction error against float32, per layer")
     ref = elmo_cache.open(caches["float32"][0])
-    for name in ("float16", "int8"):
+    for name in [n for n in caches if n != "float32"]:
         cache = elmo_cache.open(caches[name][0])
         for layer in range(3):
             a = np.concatenate([ref[i][layer] for i in range(len(ref)) if ref[i].shape[1]])
@@ -160,13 +165,16 @@ def speed(caches: dict[str, tuple[Path, float]], encoder: Encoder, lines: list[s
     rows = flat.transpose(0, 1).contiguous()
     q = Quantization("int8", encoder.output_dim)
     steps = {"cast to float16": lambda: rows.to(torch.float16).numpy(), "quantise int8": lambda: q.quantize(rows)}
+    for name in [n for n in caches if n.startswith("pq:")]:
+        pq = elmo_cache.open(caches[name][0]).quantization
+        steps[f"quantise {name} (nearest centroids)"] = lambda pq=pq: pq.quantize(rows)
     for label, step in steps.items():
         best = min(_timed(step) for _ in range(20))
         print(f"  storage step alone, {label}: {best / rows.shape[0] * 1e6:.3f} us/token ({rows.shape[0]} tokens)")
     torch.set_num_threads(threads)  # as in a DataLoader worker (torch gives each one thread)
     print(f"\nrandom reads ({reads:,} each, warm page cache, torch threads {threads}; p50 / mean in us)")
     rng = np.random.default_rng(0)
-    for name in ("float16", "int8"):
+    for name in [n for n in caches if n != "float32"]:
         for label, p50, mean in _reads(caches[name][0], reads, rng):
             print(f"  {name:8s} {label:22s} p50 {p50:8.1f}   mean {mean:8.1f}")
 
@@ -207,6 +215,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1500, help="generated corpus size with --size")
     parser.add_argument("--reads", type=int, default=20000, help="random reads per cache")
     parser.add_argument("--keep", type=Path, default=None, help="build the caches here and keep them")
+    parser.add_argument("--quantize", action="append", default=[], help="also a pq:M cache (repeatable)")
     args = parser.parse_args()
     if (args.heldout is None) == (args.size is None):
         parser.error("give --heldout (bundled model) or --size (a random model)")
@@ -217,7 +226,7 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench_quantize_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        caches = build_all(lines, encoder, work)
+        caches = build_all(lines, encoder, work, args.quantize)
         n_tokens = elmo_cache.open(caches["float32"][0]).n_tokens
         print(f"\n{len(lines):,} sentences, {n_tokens:,} tokens, dim {encoder.output_dim}")
         sizes(caches)

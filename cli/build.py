@@ -55,8 +55,10 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
 @click.option(
     "--quantize",
     default=None,
-    help="Store the vectors quantised: none (default) or int8 (one int8 code per value and one float32 scale per "
-    "vector: about half the bytes of --fp16; reads return float32). Not with --fp16.",
+    help="Store the vectors quantised: none (default), int8 (one int8 code per value and one float32 scale per "
+    "vector: about half the bytes of --fp16) or pq:M (M one-byte codes per vector, product quantisation with "
+    'codebooks trained on the corpus: needs faiss, pip install "elmo-cache[pq]"; M divides the model\'s width). '
+    "Reads return float32. Not with --fp16.",
 )
 @click.option(
     "--pool",

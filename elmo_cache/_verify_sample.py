@@ -112,7 +112,7 @@ def check_sample(
     atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))
     offsets = arrays["offsets"]
     lengths = arrays["lengths"]
-    quantization = quantization_of(meta)
+    quantization = quantization_of(meta, _codebooks(arrays, meta))
     pool = meta.get("pool") or {}
     if pool.get("only"):
         _check_pooled_sample(meta, arrays, lines, references, pool["method"], (atol, rtol), report)
@@ -121,6 +121,15 @@ def check_sample(
     for i, reference in zip(lines, references):
         start, length = int(offsets[i]), int(lengths[i])
         stored = np.asarray(arrays["vectors"][start : start + length])
+        if quantization is not None and quantization.scheme == "pq":
+            # A pq code is right when its centroid is (within the encoder's tolerance) a nearest one.
+            expected = _expected(reference, meta)
+            problem = quantization.nearest_problem(stored, expected, atol + rtol * np.abs(expected))
+            worst = max(worst, float(np.abs(quantization.dequantize(stored) - expected).max()))
+            if problem is not None:
+                report.problems.append(f"sentence {i}: {problem}")
+                return
+            continue
         # Quantised: each value may be off by half its vector's scale, on top of the encoder's own tolerance.
         half_step = 0.0 if quantization is None else quantization.split(stored)[1][..., None] * (0.5 + 1e-4)
         stored = stored.astype(np.float32) if quantization is None else quantization.dequantize(stored)
@@ -174,3 +183,13 @@ def _check_pooled_sample(
         f"{len(lines)} sampled sentences: stored {method} vectors match the {method} of a fresh encoding "
         f"(max abs error {worst:.3g}; a --pool-only cache has no token vectors to compare)"
     )
+
+
+def _codebooks(arrays: dict[str, Any], meta: dict[str, Any]) -> Any:
+    """A pq cache's codebooks as the library read them (None for other caches: not needed)."""
+    from elmo_cache.store.format import CODEBOOKS
+
+    array = arrays.get(CODEBOOKS)
+    if array is None or (meta.get("quantization") or {}).get("scheme") != "pq":
+        return None
+    return np.asarray(array[...])

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, default_collate
 
 from elmo_cache import reader
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.pq import PQSentence, pad_pq
 from elmo_cache.quantize import QuantizedSentence, pad_quantized
 
 __all__ = ["CacheDataset", "collate", "Batch"]
@@ -124,6 +125,8 @@ def collate(batch: Sequence[Any]) -> Batch:
     max_tokens = max(lengths)
     if isinstance(first, QuantizedSentence):
         return _batch(pad_quantized(arrays, max_tokens), lengths, batch, tupled)
+    if isinstance(first, PQSentence):  # one gather for the whole batch
+        return _batch(pad_pq(arrays, max_tokens), lengths, batch, tupled)
     shape = (
         (len(arrays), first.shape[0], max_tokens, first.shape[-1])
         if layered

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.store.format import QUANTIZATION_SCHEMES, SCALE_BYTES
+from elmo_cache.store.format import QUANTIZED_DTYPES, SCALE_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -41,13 +41,15 @@ __all__ = [
     "QuantizedSentence",
     "parse_quantize",
     "quantization_of",
+    "quantization_for_reading",
+    "make_quantization",
     "stored_row_shape",
     "pad_quantized",
     "live_as_cached",
 ]
 
-QUANTIZE_CHOICES = ("none", *QUANTIZATION_SCHEMES)
-"""Valid ``--quantize`` values ("none": float vectors, as before)."""
+QUANTIZE_CHOICES = ("none", "int8", "pq:M")
+"""Valid ``--quantize`` values ("none": float vectors, as before; "pq:M": elmo_cache.pq, M a number)."""
 
 # The largest code: symmetric, so -128 is never used and negation is exact.
 _QMAX = 127.0
@@ -56,19 +58,33 @@ assert sys.byteorder == "little", "quantised caches are written on little-endian
 
 
 def parse_quantize(value: str | None) -> str | None:
-    """``--quantize`` as a scheme name, or None for float vectors; anything else is an error listing the choices."""
+    """``--quantize`` as a scheme name (``int8``, ``pq:M``), or None for float vectors; anything else is an error
+    listing the choices (whether M divides the model's width is checked once the model is known)."""
+    from elmo_cache.pq import parse_pq, pq_choices
+
     if value is None or value == "none":
         return None
-    if value not in QUANTIZATION_SCHEMES:
-        raise InvalidParameterError(f"quantize: {value!r} is not valid; choose from {list(QUANTIZE_CHOICES)}")
+    if value != "int8" and parse_pq(value) is None:
+        raise InvalidParameterError(
+            f"quantize: {value!r} is not valid; choose from {list(QUANTIZE_CHOICES)} ({pq_choices()})"
+        )
     return value
+
+
+def make_quantization(name: str, dim: int, slots: int) -> Any:
+    """The quantisation ``name`` (:func:`parse_quantize`'s) of rows of ``slots`` vectors of ``dim`` values:
+    a :class:`Quantization`, or an untrained :class:`elmo_cache.pq.ProductQuantization`."""
+    from elmo_cache.pq import ProductQuantization, parse_pq
+
+    m = parse_pq(name)
+    return Quantization(name, dim) if m is None else ProductQuantization(dim, m, slots)
 
 
 @dataclass(frozen=True)
 class Quantization:
     """How a cache's vectors are quantised, and the code that writes and reads them (FORMAT.md)."""
 
-    # Scheme name, a member of QUANTIZATION_SCHEMES ("int8": per-vector absmax, float32 scale).
+    # Scheme name: "int8" (per-vector absmax, float32 scale); product quantisation is elmo_cache.pq's.
     scheme: str
     # Values per vector (the model's output width): the codes that precede each scale.
     dim: int
@@ -181,18 +197,39 @@ class QuantizedSentence:
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
-def quantization_of(meta: Mapping[str, Any]) -> Quantization | None:
-    """The quantisation a cache's metadata records (None: float vectors, as in every older cache)."""
+def quantization_of(meta: Mapping[str, Any], codebooks: Any = None) -> Any:
+    """The quantisation a cache's metadata records (None: float vectors, as in every older cache): a
+    :class:`Quantization`, or a :class:`elmo_cache.pq.ProductQuantization` holding ``codebooks`` (the
+    cache's :data:`~elmo_cache.store.format.CODEBOOKS` array, checked; None: shapes only, no decoding)."""
     raw = meta.get("quantization")
     if raw is None:
         return None
     scheme = raw.get("scheme") if isinstance(raw, Mapping) else None
-    if scheme not in QUANTIZATION_SCHEMES or raw.get("scale") != "float32":
+    dim = int(meta.get("dim") or 0)
+    if scheme == "pq":
+        from elmo_cache.pq import ProductQuantization
+
+        slots = len(meta.get("layers") or []) if meta.get("kind") == "layers" else 1
+        pq = ProductQuantization.from_metadata(raw, dim, slots)
+        return pq if codebooks is None else pq.with_codebooks(codebooks, "array 'quantization/codebooks'")
+    if scheme not in QUANTIZED_DTYPES or raw.get("scale") != "float32":
         raise CacheFormatError(
             f"metadata quantization {raw!r} is not one this elmo-cache reads "
-            f"(schemes {list(QUANTIZATION_SCHEMES)} with float32 scales); upgrade elmo-cache"
+            f"(int8 with float32 scales, or pq); upgrade elmo-cache"
         )
-    return Quantization(scheme, int(meta.get("dim") or 0))
+    return Quantization(scheme, dim)
+
+
+def quantization_for_reading(where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> Any:
+    """:func:`quantization_of` for a reader: a pq cache's codebooks read from ``optional`` (the cache's
+    optional arrays and their block sums, by name) and checked now, so decoding needs nothing more."""
+    quantization = quantization_of(meta)
+    if getattr(quantization, "scheme", None) != "pq":
+        return quantization
+    from elmo_cache.pq import load_codebooks
+    from elmo_cache.store.format import CODEBOOKS
+
+    return load_codebooks(where, meta, quantization, *optional.get(CODEBOOKS, (None, None)))
 
 
 def stored_row_shape(meta: Mapping[str, Any]) -> tuple[int, ...]:
@@ -231,15 +268,19 @@ def pad_quantized(items: Sequence[QuantizedSentence], max_tokens: int) -> torch.
 
 
 def live_as_cached(
-    acts: np.ndarray, selection: Selection, stored: Selection, quantization: Quantization, dtype: Any = None
+    acts: np.ndarray, selection: Selection, stored: Selection, quantization: Any, dtype: Any = None
 ) -> np.ndarray:
     """A live encoding ``(3, n_tokens, dim)`` float32 in the form ``selection`` asks, rounded as a quantised
     cache storing ``stored`` rounds it, so that a server's live answers equal its cache hits.
 
-    A layered cache quantises each (layer, token) vector alone, so every layer is rounded before the
+    A layered int8 cache quantises each (layer, token) vector alone, so every layer is rounded before the
     selection (a mix of stored layers is then computed from rounded layers, as from the cache); a mixed
     cache rounds its mix, so only that mix is rounded (any other is not in the cache anyway).
     """
+    if quantization.scheme == "pq":
+        from elmo_cache.pq import pq_live_as_cached
+
+        return pq_live_as_cached(acts, selection, stored, quantization, dtype)
     if stored.layers is not None:
         return selection.apply_array(quantization.roundtrip(acts), dtype)
     out = selection.apply_array(acts, np.float32)

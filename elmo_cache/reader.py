@@ -26,7 +26,7 @@ from elmo_cache._cache_checks import check_arrays
 from elmo_cache._pooled_read import PooledVectors, choose_pool, pool_of_sentence, pool_only_refusal
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
 from elmo_cache.pooling import Pool, pool_of
-from elmo_cache.quantize import Quantization, QuantizedSentence, quantization_of
+from elmo_cache.quantize import quantization_for_reading
 from elmo_cache.store._blocksums import BlockGuard, guards
 from elmo_cache.store.format import (
     ARRAYS,
@@ -75,6 +75,8 @@ class Cache:
         names = (*ARRAYS, *OPTIONAL_ARRAYS)
         self.format, raw, arrays = store.open_arrays(self.path, (*names, *BLOCK_SUMS.values()))
         sums = {name: arrays.pop(BLOCK_SUMS[name]) for name in names}
+        # An optional array and its block sums by name (a pq cache's codebooks are read and checked at open).
+        optional = {name: (arrays.get(name), sums.get(name)) for name in OPTIONAL_ARRAYS}
         meta = parse_metadata(self.path, raw)
         self._metadata = meta
         self.complete: bool = meta["complete"]
@@ -95,7 +97,7 @@ class Cache:
         self.layers: tuple[int, ...] | None = tuple(meta["layers"]) if self.kind == "layers" else None
         self.dim: int = meta["dim"]
         # How the vectors are quantised (None: floats); dtype is what cache[i] returns, stored_dtype the array's.
-        self.quantization: Quantization | None = quantization_of(meta)
+        self.quantization: Any = quantization_for_reading(self.path, meta, optional)
         self.stored_dtype: np.dtype = np.dtype(meta["dtype"])
         self.dtype: np.dtype = np.dtype(np.float32) if self.quantization is not None else self.stored_dtype
         self.format_version: int = meta["format_version"]
@@ -249,12 +251,13 @@ class Cache:
         block = (self._read_stored if stored else self._read_rows)(start, stop)
         return block.transpose(1, 0, 2) if self._layered else block
 
-    def quantized(self, i: int) -> QuantizedSentence:
+    def quantized(self, i: int) -> Any:
         """Sentence ``i`` of a quantised cache undecoded: int8 ``codes`` and float32 ``scales``, views of the
-        mapped rows (``codes * scales[..., None]`` is ``cache[i]``). An error for a cache of floats."""
+        mapped rows (``codes * scales[..., None]`` is ``cache[i]``); for a pq cache a
+        :class:`~elmo_cache.pq.PQSentence` of uint8 codes. An error for a cache of floats."""
         if self._require().quantization is None:
             raise InvalidParameterError(f"{self.path}: this cache stores {self.stored_dtype} vectors, not quantised")
-        return self.quantization.raw(self._sentence(self._position(i), stored=True))  # type: ignore[union-attr]
+        return self.quantization.raw(self._sentence(self._position(i), stored=True))
 
     def _position(self, key: Any) -> int:
         i = int(key)

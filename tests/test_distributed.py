@@ -130,6 +130,36 @@ def test_quantized_byte_equal_to_build(tiny_model, corpus, tmp_path):
     assert verify(output).ok
 
 
+def test_pq_codebooks_trained_once_on_the_cluster_and_byte_equal_to_build(tiny_model, corpus, tmp_path, monkeypatch):
+    """pq: a Ray task trains the codebooks from the first pass's windows (the driver loads no model), every
+    worker reads them from the staging, a resume reuses them, and the cache is the local one's byte for byte."""
+    pytest.importorskip("faiss")
+    from elmo_cache import Encoder
+
+    reference = tmp_path / "ref.zarr"
+    build(corpus, options(tiny_model, reference, quantize="pq:8", dedupe=True))
+    output = tmp_path / "ray.zarr"
+    opts = options(tiny_model, output, quantize="pq:8", dedupe=True)
+    monkeypatch.setenv(FAIL_PART_ENV, "1")
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the driver loaded an encoder")
+
+    monkeypatch.setattr(Encoder, "load", no_loading)  # in this process only
+    with pytest.raises(ElmoCacheError, match=r"1 of 4 parts"):
+        run(corpus, opts)
+    staged = staging_path(output) / BUILD_DIR / "codebooks.f32"
+    first = staged.read_bytes()
+    monkeypatch.delenv(FAIL_PART_ENV)
+    summary = run(corpus, opts)
+    assert (summary.parts, summary.parts_run) == (4, 1)
+    assert_same_cache(output, reference)
+    monkeypatch.undo()
+    cache = elmo_cache.open(output)
+    assert cache.stored_dtype == np.uint8 and cache.quantization.codebooks.tobytes() == first
+    assert verify(output, corpus=corpus).ok
+
+
 def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, monkeypatch):
     output = tmp_path / "ray.zarr"
     opts = options(tiny_model, output, dedupe=True, pool="mean")

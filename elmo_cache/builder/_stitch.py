@@ -67,10 +67,11 @@ def publish(
     meta_of: Callable[[int], dict[str, Any]],
     layout: Layout,
     specs: list[PartSpec],
+    extra: dict[str, np.ndarray] | None = None,
 ) -> tuple[Path, int]:
-    """Write the index and the other small arrays (with --pool, the parts' pooled rows joined), then the
-    metadata ``meta_of(n_unique)`` last, and rename the staging to ``output``; returns the cache's path and
-    its distinct sentences."""
+    """Write the index and the other small arrays (with --pool, the parts' pooled rows joined; ``extra``:
+    optional arrays such as a pq cache's codebooks), then the metadata ``meta_of(n_unique)`` last, and rename
+    the staging to ``output``; returns the cache's path and its distinct sentences."""
     hashes, lines = sort_index(lambda a, b: first.hashes[a:b], first.n_lines, staging / BUILD_DIR / "index")
     starts = offsets_after_zero(first.directory / "text_ends.bin", first.n_lines, staging / BUILD_DIR / "offsets.bin")
     small = {
@@ -80,6 +81,7 @@ def publish(
         "index/rows": lines,
         "tokens/bytes": first.text,
         "tokens/offsets": starts,
+        **(extra or {}),
     }
     if layout.pooled_shape is not None:
         dtype = np.dtype(layout.pooled_dtype or layout.dtype)

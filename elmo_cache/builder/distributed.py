@@ -42,6 +42,7 @@ from elmo_cache.builder._parts import FAIL_PART_ENV, PARTS_DIR, PartJob, PartSpe
 from elmo_cache.builder._raydata import _connect, _import_ray, _run_parts
 from elmo_cache.builder._rowsink import FRAGMENTS_DIR
 from elmo_cache.builder._stitch import publish, stitch
+from elmo_cache.builder.codebooks import final_arrays, train_on_ray
 from elmo_cache.builder.encoding import default_batch_tokens
 from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.firstpass import (
@@ -244,6 +245,8 @@ class RayRun:
     def run(self) -> None:
         begin = time.monotonic()
         todo, show = self.todo, self.job.options.progress
+        # pq: the codebooks every worker reads from the staging, trained before any part writes a row.
+        train_on_ray(self.ray, self.part_job, self.job.model.output_dim, gpu=self.gpu, cpus=self.cpus_per_worker)
         self.statuses = _run_parts(
             self.ray, self.part_job, todo, len(self.specs), self.workers, self.cpus_per_worker, self.gpu, show
         )
@@ -291,7 +294,10 @@ class RayRun:
             }
             return metadata(self.job.identity, self.progress, complete=True, n_unique=n_unique, build_info=build_info)
 
-        path, n_unique = publish(self.staging, self.job.plan.output, first, sums, meta_of, self.layout, self.specs)
+        extra = final_arrays(self.staging, self.job.plan, self.job.model.output_dim)
+        path, n_unique = publish(
+            self.staging, self.job.plan.output, first, sums, meta_of, self.layout, self.specs, extra
+        )
         return Finished(
             path,
             first.n_lines,

@@ -113,6 +113,16 @@ class WindowEncoder:
         self.pooled_shape = (
             None if self.pooling is None else self.pooling.shape(plan.selection.row_shape(encoder.output_dim))
         )
+        if getattr(self.quantization, "scheme", None) == "pq":  # its codebooks, trained before any row is written
+            from elmo_cache.builder.codebooks import staged_codebooks
+            from elmo_cache.errors import CacheFormatError
+            from elmo_cache.store.format import staging_path
+
+            self.quantization = staged_codebooks(staging_path(plan.output), self.quantization)
+            if self.quantization is None:
+                raise CacheFormatError(
+                    f"{staging_path(plan.output)}: no staged codebooks (trained as the build starts)"
+                )
 
     def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Rows of the batch's sentences, concatenated in batch order, where each starts, and with --pool

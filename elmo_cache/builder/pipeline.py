@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from elmo_cache.builder.codebooks import corpus_windows, final_arrays, train_in_process
 from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, WindowEncoder, assign_window, default_batch_tokens
 from elmo_cache.builder.engine import BuildJob, Finished
@@ -278,6 +279,12 @@ class LocalRun:
     def run(self) -> None:
         if not self.writer.progress.done:
             job = self.job
+            batch_tokens = default_batch_tokens(
+                job.options, getattr(getattr(self.encoder, "device", None), "type", "cpu")
+            )
+            # pq: the codebooks, trained on the corpus's first windows before any row is written (or staged before).
+            windows = corpus_windows(job.source, batch_tokens * job.options.window_batches)
+            train_in_process(self.writer.staging, job.plan, self.encoder, windows, batch_tokens)
             _run(job.source, job.plan, job.options, self.encoder, self.writer, self.began)
 
     def finish(self) -> Finished:
@@ -290,6 +297,7 @@ class LocalRun:
             tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
         )
         meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
+        self.writer.extra_arrays = final_arrays(self.writer.staging, plan, self.job.model.output_dim)
         try:
             path = self.writer.finalize(meta)
         except OSError as exc:

@@ -21,7 +21,7 @@ from elmo_cache.builder.options import BuildOptions
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.pooling import POOLS, Pool, parse_pool
-from elmo_cache.quantize import Quantization, parse_quantize
+from elmo_cache.quantize import make_quantization, parse_quantize
 from elmo_cache.selection import MixSpec, Selection
 from elmo_cache.store import Layout, OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
 from elmo_cache.store.container import container_names, get_container
@@ -30,7 +30,7 @@ from elmo_cache.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     POOL_ONLY_FORMAT_VERSION,
-    QUANTIZED_DTYPE,
+    QUANTIZED_DTYPES,
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
     TOKENIZATION,
@@ -150,7 +150,8 @@ class Plan:
     compression: str | None
     # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
     shard_rows: int | None = None
-    # Quantisation scheme of the stored vectors (elmo_cache.quantize), None for floats; dtype is then "int8".
+    # Quantisation of the stored vectors ("int8", "pq:M"; elmo_cache.quantize), None for floats; dtype is then
+    # the scheme's (QUANTIZED_DTYPES).
     quantize: str | None = None
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
     input_format: str = "lines"
@@ -177,9 +178,12 @@ class Plan:
             None if pooling is None else pooling.dtype,
         )
 
-    def quantization(self, dim: int) -> Quantization | None:
-        """How the rows of a model of width ``dim`` are quantised (None: stored as floats)."""
-        return None if self.quantize is None else Quantization(self.quantize, dim)
+    def quantization(self, dim: int) -> Any:
+        """How the rows of a model of width ``dim`` are quantised (None: stored as floats; pq: untrained)."""
+        if self.quantize is None:
+            return None
+        row = self.selection.row_shape(dim)
+        return make_quantization(self.quantize, dim, row[0] if len(row) == 2 else 1)
 
     def row_shape(self, dim: int) -> tuple[int, ...]:
         """One stored row: the selection's, its last axis widened by the scale when quantised."""
@@ -257,10 +261,11 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     quantize = parse_quantize(options.quantize)
     if quantize is not None and options.fp16:
         raise InvalidParameterError(
-            f"fp16, quantize: --quantize {quantize} stores int8 codes and float32 scales, so --fp16 (float16 "
+            f"fp16, quantize: --quantize {quantize} stores codes (and, for int8, float32 scales), so --fp16 (float16 "
             "storage) does not apply; drop one of them"
         )
-    dtype = QUANTIZED_DTYPE if quantize is not None else "float16" if options.fp16 else "float32"
+    scheme = None if quantize is None else quantize.split(":")[0]
+    dtype = QUANTIZED_DTYPES[scheme] if scheme is not None else "float16" if options.fp16 else "float32"
     pool = parse_pool(options.pool)
     if options.pool_only and pool is None:
         raise InvalidParameterError(
@@ -312,7 +317,7 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) ->
         "tokenization": TOKENIZATIONS[plan.input_format],
         "sentence_hash": SENTENCE_HASH,
         # Only quantised caches carry the key: float caches' metadata stays as it always was.
-        **({} if plan.quantize is None else {"quantization": Quantization(plan.quantize, dim).to_metadata()}),
+        **({} if plan.quantize is None else {"quantization": plan.quantization(dim).to_metadata()}),
         # Likewise only caches with pooled vectors carry "pool".
         **({} if (pooling := plan.pooling()) is None else {"pool": pooling.to_metadata()}),
     }

@@ -281,6 +281,8 @@ class Writer:
         self._pending_rows = 0
         self._pending_tokens = 0
         self.initial_metadata: dict[str, Any] = {}
+        # Arrays of store.format.OPTIONAL_ARRAYS the finished cache holds (a pq cache's codebooks), set by the build.
+        self.extra_arrays: dict[str, np.ndarray] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -388,6 +390,7 @@ class Writer:
             "index/rows": rows,
             "tokens/bytes": self.text.read(int(starts[-1])),
             "tokens/offsets": starts,
+            **self.extra_arrays,
         }
         if self.pooled is not None:
             column = self.pooled

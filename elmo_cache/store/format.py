@@ -29,6 +29,7 @@ __all__ = [
     "POOL_METHODS",
     "pooled_block_rows",
     "TOKEN_ARRAYS",
+    "CODEBOOKS",
     "arrays_of",
     "INDEX_DTYPES",
     "TEXT_ENCODING",
@@ -44,6 +45,7 @@ __all__ = [
     "POOLED_CHUNK_BLOCKS",
     "QUANTIZED_DTYPE",
     "QUANTIZATION_SCHEMES",
+    "QUANTIZED_DTYPES",
     "SCALE_BYTES",
     "KINDS",
     "LAYER_IDS",
@@ -115,8 +117,12 @@ of each block of rows, so that a reader can check a block the first time it touc
 POOLED_ARRAY = "pooled"
 """The pooled sentence vectors of a cache built with ``--pool`` (one row per sentence; metadata ``pool``)."""
 
-OPTIONAL_ARRAYS = (POOLED_ARRAY,)
-"""Arrays only some caches hold (their metadata says so); older readers ignore them."""
+CODEBOOKS = "quantization/codebooks"
+"""A product-quantised cache's centroids (float32, 1-D; metadata ``quantization``, FORMAT.md)."""
+
+OPTIONAL_ARRAYS = (POOLED_ARRAY, CODEBOOKS)
+"""Arrays only some caches hold (their metadata says so); covered by checksums and block sums like the
+others, and named only when a cache holds them; older readers ignore them."""
 
 POOL_METHODS = ("mean", "max", "first-last")
 """Metadata ``pool.method`` values (elmo_cache.pooling)."""
@@ -153,8 +159,12 @@ VECTOR_DTYPES = ("float16", "float32")
 QUANTIZED_DTYPE = "int8"
 """Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.quantize)."""
 
-QUANTIZATION_SCHEMES = ("int8",)
-"""Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector."""
+QUANTIZATION_SCHEMES = ("int8", "pq")
+"""Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector;
+``pq``, one uint8 code per sub-vector and the codebooks in :data:`CODEBOOKS`."""
+
+QUANTIZED_DTYPES = {"int8": QUANTIZED_DTYPE, "pq": "uint8"}
+"""Storage dtype of ``vectors`` for each quantisation scheme."""
 
 SCALE_BYTES = 4
 """Bytes of a quantised vector's scale (float32, little-endian), stored right after its codes."""
@@ -260,15 +270,16 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
     quantization = raw.get("quantization")
     if quantization is None and raw.get("dtype") not in VECTOR_DTYPES:
         problems.append(f"dtype {raw.get('dtype')!r} (expected 'float16' or 'float32')")
+    scheme = quantization.get("scheme") if isinstance(quantization, dict) else None
     if quantization is not None and (
-        raw.get("dtype") != QUANTIZED_DTYPE
-        or not isinstance(quantization, dict)
-        or quantization.get("scheme") not in QUANTIZATION_SCHEMES
-        or quantization.get("scale") != "float32"
+        scheme not in QUANTIZATION_SCHEMES
+        or raw.get("dtype") != QUANTIZED_DTYPES[scheme]
+        or (scheme == "int8" and quantization.get("scale") != "float32")
+        or (scheme == "pq" and quantization.get("codebooks") != CODEBOOKS)
     ):
         problems.append(
-            f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected a scheme of "
-            f"{list(QUANTIZATION_SCHEMES)} with 'scale': 'float32' and dtype {QUANTIZED_DTYPE!r}; a newer "
+            f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected 'int8' with 'scale': "
+            f"'float32' and dtype 'int8', or 'pq' with 'codebooks': {CODEBOOKS!r} and dtype 'uint8'; a newer "
             "elmo-cache may read it)"
         )
     pool = raw.get("pool")

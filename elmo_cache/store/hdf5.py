@@ -56,6 +56,9 @@ __all__ = [
     "little_endian",
 ]
 
+# The block sums of OPTIONAL_ARRAYS: like them, listed by open_with_library only when present.
+_OPTIONAL_SUMS = {BLOCK_SUMS[name] for name in OPTIONAL_ARRAYS}
+
 # Rows copied per step when the vectors move into the HDF5 file (bounds memory, keeps writes large).
 _COPY_BYTES = 64 * 2**20
 
