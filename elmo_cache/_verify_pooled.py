@@ -64,11 +64,14 @@ def check_pooled(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyRep
                     f"{POOLED_ARRAY}: sentence {i} repeats sentence {j} but their pooled vectors differ"
                 )
                 return
-    if pool.get("only"):
-        # Nothing to recompute from: a --pool-only cache stores no token vectors.
+    product_quantised = (meta.get("quantization") or {}).get("scheme") == "pq"
+    if pool.get("only") or product_quantised:
+        # Nothing to recompute from: a --pool-only cache stores no token vectors, and a pq cache's token rows
+        # are nearest centroids, whose error has no bound a recomputed pool could be held to.
+        why = "a --pool-only cache stores none" if pool.get("only") else "a pq cache's are centroids, not the values"
         report.notes.append(
-            f"{POOLED_ARRAY}: not recomputed from token vectors (a --pool-only cache stores none); "
-            "--sample re-encodes sentences and compares their pools"
+            f"{POOLED_ARRAY}: not recomputed from token vectors ({why}); --sample re-encodes sentences"
+            + (" and compares their pools" if pool.get("only") else "")
         )
         report.checks.append(
             f"pooled {pool['method']} vectors of all {n:,} sentences: finite, zeros for empty ones"

@@ -3,6 +3,7 @@ engine in tests/test_distributed.py), the identity, the CLI and the server."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -84,6 +85,12 @@ LINES_30 = corpus_lines(30, seed=8)
         ("hdf5", "max", {"fp16": True}),
         ("zarr", "first-last", {"mix": MixSpec.from_raw([0.2, 0.3, 0.5], gamma=0.7), "fp16": True}),
         ("hdf5", "mean", {"quantize": "int8", "dedupe": True}),
+        pytest.param(  # pooled before the codes: float32, unquantised
+            "zarr",
+            "max",
+            {"quantize": "pq:8", "layers": "1,2", "dedupe": True},
+            marks=pytest.mark.skipif(importlib.util.find_spec("faiss") is None, reason="pq needs the pq extra"),
+        ),
     ],
 )
 def test_built_pools_equal_a_numpy_reference_of_the_encoder_output(tmp_path, tiny_encoder, fmt, method, extra):

@@ -348,3 +348,4 @@ def test_reading_needs_no_faiss_and_building_without_it_says_what_to_install(
     assert verify(output, sample=3, encoder=tiny_encoder).ok
     with pytest.raises(InvalidParameterError, match=r'trained with faiss: pip install "elmo-cache\[pq\]"'):
         build(corpus, BuildOptions(output=tmp_path / "new.zarr", quantize="pq:8", progress=False), encoder=tiny_encoder)
+    assert not (tmp_path / "new.zarr").exists() and not staging_path(tmp_path / "new.zarr").exists()  # refused first

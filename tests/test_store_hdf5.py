@@ -11,9 +11,10 @@ import numpy as np
 from elmo_cache.store.format import META_KEY
 from tests.store_contract import StoreContract
 from tests.store_contract_pooled import PooledStoreContract
+from tests.store_contract_quantized import QuantizedStoreContract
 
 
-class TestHdf5Store(StoreContract, PooledStoreContract):
+class TestHdf5Store(StoreContract, PooledStoreContract, QuantizedStoreContract):
     fmt = "hdf5"
 
     def data_of(self, output: Path, name: str) -> tuple[Path, int]:

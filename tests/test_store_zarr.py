@@ -12,9 +12,10 @@ import elmo_cache
 from elmo_cache.store.format import META_KEY, TOKEN_ARRAYS
 from tests.store_contract import StoreContract
 from tests.store_contract_pooled import PooledStoreContract
+from tests.store_contract_quantized import QuantizedStoreContract
 
 
-class TestZarrStore(StoreContract, PooledStoreContract):
+class TestZarrStore(StoreContract, PooledStoreContract, QuantizedStoreContract):
     fmt = "zarr"
 
     def data_of(self, output: Path, name: str) -> tuple[Path, int]:

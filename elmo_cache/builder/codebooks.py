@@ -138,17 +138,24 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
     return sample.reshape(len(sample), -1, encoder.output_dim)
 
 
-def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> ProductQuantization:
-    """``quantization`` with codebooks trained on ``sample`` ``(n, slots, dim)``: per slot, faiss's
-    ProductQuantizer (k-means of 256 centroids per sub-space, ``training.seed``, ``training.iterations``),
-    on one OpenMP thread. A sample of fewer than 256 vectors is repeated up to 256 (k-means needs as many
-    points as centroids): its vectors then become centroids and are stored almost exactly."""
+def require_faiss() -> Any:
+    """The faiss module, or the error saying what to install (checked when a pq build is planned, so that a
+    build that cannot train its codebooks leaves nothing behind)."""
     try:
         import faiss
     except ImportError:
         raise InvalidParameterError(
             'quantize: pq codebooks are trained with faiss: pip install "elmo-cache[pq]" (reading needs no faiss)'
         ) from None
+    return faiss
+
+
+def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> ProductQuantization:
+    """``quantization`` with codebooks trained on ``sample`` ``(n, slots, dim)``: per slot, faiss's
+    ProductQuantizer (k-means of 256 centroids per sub-space, ``training.seed``, ``training.iterations``),
+    on one OpenMP thread. A sample of fewer than 256 vectors is repeated up to 256 (k-means needs as many
+    points as centroids): its vectors then become centroids and are stored almost exactly."""
+    faiss = require_faiss()
     if len(sample) == 0:
         sample = np.zeros((1, quantization.slots, quantization.dim), np.float32)  # an empty corpus: any codebooks
     if len(sample) < CENTROIDS:

@@ -265,6 +265,10 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             "storage) does not apply; drop one of them"
         )
     scheme = None if quantize is None else quantize.split(":")[0]
+    if scheme == "pq":
+        from elmo_cache.builder.codebooks import require_faiss
+
+        require_faiss()
     dtype = QUANTIZED_DTYPES[scheme] if scheme is not None else "float16" if options.fp16 else "float32"
     pool = parse_pool(options.pool)
     if options.pool_only and pool is None:
