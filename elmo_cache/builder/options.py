@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elmo_cache.builder.engine import ENGINES
 from elmo_cache.selection import MixSpec
@@ -100,6 +101,12 @@ class BuildSummary:
     parts_run: int = 0
     # For ray: the encoder actors the pool was given (more than len(workers) when some got no part).
     workers_asked: int = 0
+
+    @classmethod
+    def already_there(cls, output: Path, format: str, meta: Mapping[str, Any], engine: str) -> BuildSummary:
+        """The summary of a build that found its cache complete at ``output`` (metadata ``meta``): nothing done."""
+        counts = (meta["n_sentences"], meta["n_tokens"], meta["n_rows"], meta["n_unique"])
+        return cls(output, format, *counts, disk_bytes(output), 0.0, 0.0, already_complete=True, engine=engine)
 
     def __str__(self) -> str:
         if self.already_complete:

@@ -71,19 +71,7 @@ def build_pool_only(source: Corpus, options: BuildOptions, engine: Engine, encod
             if full.exists():  # a crash between publishing the output and removing the full cache
                 remove_output(full)
             meta = found.meta
-            return BuildSummary(
-                plan.output,
-                plan.format,
-                meta["n_sentences"],
-                meta["n_tokens"],
-                meta["n_rows"],
-                meta["n_unique"],
-                disk_bytes(plan.output),
-                0.0,
-                0.0,
-                already_complete=True,
-                engine=engine.name,
-            )
+            return BuildSummary.already_there(plan.output, plan.format, meta, engine.name)
         full_options = dataclasses.replace(options, output=full, format=plan.format, pool_only=False)
         summary = run_build(source, full_options, engine, encoder)
         _strip(full, plan.output, plan.layout(model.output_dim), ident, options)

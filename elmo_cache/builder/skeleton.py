@@ -84,19 +84,7 @@ def run_build(
             if found.kind is OutputKind.COMPLETE:
                 assert found.meta is not None
                 meta = found.meta
-                return BuildSummary(
-                    plan.output,
-                    plan.format,
-                    meta["n_sentences"],
-                    meta["n_tokens"],
-                    meta["n_rows"],
-                    meta["n_unique"],
-                    disk_bytes(plan.output),
-                    0.0,
-                    0.0,
-                    already_complete=True,
-                    engine=engine.name,
-                )
+                return BuildSummary.already_there(plan.output, plan.format, meta, engine.name)
             run = engine.start(job, found)
             run.run()
             done = run.finish()
