@@ -38,7 +38,7 @@ from elmo_cache.store.format import (
     metadata_checksum,
     parse_metadata,
 )
-from elmo_cache.text.tokenize import is_storable, sentence_hash, sentence_key, split_key, tokenize
+from elmo_cache.text.tokenize import is_storable, key_hash, sentence_key, split_key, tokenize
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
 
@@ -305,7 +305,8 @@ class Cache:
             raise InvalidParameterError("sentence: expected a string or a list of string tokens")
         if not is_storable(tokens):
             return None  # no cache holds a token with a newline
-        value = np.uint64(sentence_hash(tokens))
+        key = sentence_key(tokens).encode(*TEXT_ENCODING)  # hashed, then confirmed against the stored key
+        value = np.uint64(key_hash(key))
         hashes, guards = self._hashes, self._guards
         if "index/hashes" in guards:
             pos = guards["index/hashes"].searchsorted(value)
@@ -322,7 +323,7 @@ class Cache:
         self._touch("lengths", row, row + 1)
         if self._length_at(row) != len(tokens):
             return None  # a hash collision with a different sentence
-        if self.stores_tokens and self._text(row) != sentence_key(tokens).encode(*TEXT_ENCODING):
+        if self.stores_tokens and self._text(row) != key:
             return None  # a hash collision with a sentence of the same length
         return row
 

@@ -35,7 +35,7 @@ from elmo_cache.store.format import (
     metadata_checksum,
 )
 from elmo_cache.text.corpus import Corpus
-from elmo_cache.text.tokenize import sentence_hash, sentence_key, split_key
+from elmo_cache.text.tokenize import key_hash, sentence_hash, sentence_key, split_key
 
 if TYPE_CHECKING:
     from elmo_cache.encoder import Encoder
@@ -306,7 +306,7 @@ def _check_tokens(
                 f"array lengths says {lengths[i]}"
             )
             return None
-        hashes[i] = sentence_hash(tokens)
+        hashes[i] = key_hash(key)  # the stored bytes are the canonical key: checked just above
     if meta.get("dedupe"):
         # Sentences sharing rows must be the same sentence (the build dedupes by hash).
         nonempty = np.flatnonzero(lengths > 0)

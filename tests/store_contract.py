@@ -313,7 +313,7 @@ class StoreContract:
             assert cache.find(b) is None and cache.get(b) is None and b not in cache
             assert cache.tokens(2) == b
             # The same through the hash the lookup computes: every query now hashes like sentence 1.
-            monkeypatch.setattr("elmo_cache.reader.sentence_hash", lambda tokens: collide)
+            monkeypatch.setattr("elmo_cache.reader.key_hash", lambda key: collide)
             assert cache.get(["one", "two", "six"]) is None
             assert cache.get("the cat sat") is not None
 

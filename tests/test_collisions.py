@@ -24,19 +24,25 @@ FIRST, SECOND = "the cat sat on the mat", "a dog ran into the park"  # six token
 LINES = ["hello world", FIRST, "one", SECOND, ""]
 
 
-real_hash = tokenize_module.sentence_hash
+real_key_hash = tokenize_module.key_hash
+
+
+def colliding_key_hash(key: bytes) -> int:
+    """blake2b-64 of a stored key as usual, except that SECOND's key hashes like FIRST's."""
+    return real_key_hash(FIRST.encode() if key == SECOND.encode() else key)
 
 
 def colliding_hash(sentence) -> int:
-    """blake2b-64 as usual, except that SECOND hashes like FIRST."""
-    key = tokenize_module.sentence_key(sentence)
-    return real_hash(FIRST if key == SECOND else key)
+    """The sentence hash over :func:`colliding_key_hash`."""
+    return colliding_key_hash(tokenize_module.sentence_key(sentence).encode("utf-8", "surrogatepass"))
 
 
 @pytest.fixture
 def collide(monkeypatch):
-    for module in ("elmo_cache.builder.pipeline", "elmo_cache.reader"):
-        monkeypatch.setattr(f"{module}.sentence_hash", colliding_hash)
+    # Where the build hashes sentences, and where lookups and verify hash keys (or corpus lines).
+    monkeypatch.setattr("elmo_cache.builder.pipeline.sentence_hash", colliding_hash)
+    monkeypatch.setattr("elmo_cache.reader.key_hash", colliding_key_hash)
+    monkeypatch.setattr("elmo_cache.verify.key_hash", colliding_key_hash)
     monkeypatch.setattr("elmo_cache.verify.sentence_hash", colliding_hash)
 
 

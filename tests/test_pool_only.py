@@ -149,16 +149,16 @@ def test_a_crash_in_the_strip_is_redone(tmp_path, tiny_encoder, monkeypatch):
     reference, output = tmp_path / "r.h5", tmp_path / "o.h5"
     build(corpus, BuildOptions(output=reference, pool="max", pool_only=True, progress=False), encoder=tiny_encoder)
     options = BuildOptions(output=output, pool="max", pool_only=True, progress=False)
-    real = poolonly.sentence_hash
+    real = poolonly.key_hash
 
-    def crash(tokens):
+    def crash(key):
         raise RuntimeError("simulated crash in the strip")
 
-    monkeypatch.setattr(poolonly, "sentence_hash", crash)
+    monkeypatch.setattr(poolonly, "key_hash", crash)
     with pytest.raises(RuntimeError, match="in the strip"):
         build(corpus, options, encoder=tiny_encoder)
     assert not output.exists() and full_output(output).exists()  # the full build is kept for the retry
-    monkeypatch.setattr(poolonly, "sentence_hash", real)
+    monkeypatch.setattr(poolonly, "key_hash", real)
     assert not build(corpus, options, encoder=tiny_encoder).already_complete
     assert raw_arrays(output)[1]["pooled"].tobytes() == raw_arrays(reference)[1]["pooled"].tobytes()
     assert not full_output(output).exists()

@@ -36,7 +36,7 @@ from elmo_cache.store import OutputKind, Progress, open_arrays, read_metadata, r
 from elmo_cache.store.format import ARRAYS, POOLED_ARRAY, TEXT_ENCODING, staging_path
 from elmo_cache.store.lock import output_lock
 from elmo_cache.text.corpus import Corpus
-from elmo_cache.text.tokenize import sentence_hash, split_key
+from elmo_cache.text.tokenize import key_hash, split_key
 
 if TYPE_CHECKING:
     from elmo_cache.builder.engine import Engine
@@ -115,13 +115,11 @@ def _strip(full: Path, output: Path, layout: Any, ident: dict[str, Any], options
             ends = np.asarray(starts[a : b + 1])
             block = bytes(np.asarray(text[int(ends[0]) : int(ends[-1])]))
             first = int(ends[0])
-            tokens = [
-                split_key(block[int(s) - first : int(e) - first].decode(*TEXT_ENCODING))
-                for s, e in zip(ends[:-1].tolist(), ends[1:].tolist())
-            ]
+            keys = [block[int(s) - first : int(e) - first] for s, e in zip(ends[:-1].tolist(), ends[1:].tolist())]
+            tokens = [split_key(key.decode(*TEXT_ENCODING)) for key in keys]
             # The per-line hashes the full build staged are not in the cache (only the index of distinct ones):
             # they are the hashes of the stored keys, taken again.
-            hashes = np.fromiter((sentence_hash(t) for t in tokens), dtype=np.uint64, count=len(tokens))
+            hashes = np.fromiter((key_hash(key) for key in keys), dtype=np.uint64, count=len(keys))
             rows = (np.asarray(offsets[a:b]), np.asarray(lengths[a:b]))
             writer.append(empty, *rows, hashes, tokens, np.asarray(pooled[a:b]))
         writer.commit(done=True)

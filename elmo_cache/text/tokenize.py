@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-__all__ = ["tokenize", "sentence_key", "sentence_hash", "split_key", "is_storable", "has_plain_tokens"]
+__all__ = ["tokenize", "sentence_key", "sentence_hash", "key_hash", "split_key", "is_storable", "has_plain_tokens"]
 
 # Starts a key whose tokens are joined by newlines (a plain key never holds a newline).
 _LISTED = "\n"
@@ -34,11 +34,16 @@ def tokenize(sentence: str) -> list[str]:
     return sentence.lstrip("\ufeff").split()
 
 
+def _plain_key(tokens: list[str]) -> str | None:
+    """The tokens joined by one space when every token is non-empty and free of whitespace, else None."""
+    plain = " ".join(tokens)
+    # One join and one split in C: an empty token or one holding whitespace changes the split.
+    return plain if plain.split() == tokens else None
+
+
 def has_plain_tokens(tokens: Sequence[str]) -> bool:
     """Whether every token is non-empty and free of whitespace (what ``tokenize`` can give)."""
-    tokens = list(tokens)
-    # One join and one split in C: an empty token or one holding whitespace changes the split.
-    return " ".join(tokens).split() == tokens
+    return _plain_key(list(tokens)) is not None
 
 
 def is_storable(tokens: Sequence[str]) -> bool:
@@ -49,10 +54,8 @@ def is_storable(tokens: Sequence[str]) -> bool:
 def sentence_key(sentence: str | Sequence[str]) -> str:
     """The canonical text of a sentence (see the module docstring): plain tokens joined by one space."""
     tokens = tokenize(sentence) if isinstance(sentence, str) else list(sentence)
-    plain = " ".join(tokens)
-    if plain.split() == tokens:
-        return plain
-    return _LISTED + _LISTED.join(tokens)
+    plain = _plain_key(tokens)
+    return plain if plain is not None else _LISTED + _LISTED.join(tokens)
 
 
 def split_key(key: str) -> list[str]:
@@ -62,7 +65,12 @@ def split_key(key: str) -> list[str]:
     return key.split(" ") if key else []
 
 
+def key_hash(key: bytes) -> int:
+    """64-bit hash of a sentence key in UTF-8 (``surrogatepass``), as stored in a cache's sentence index: for
+    a caller that holds the key's bytes already (a lookup confirms against them, verify reads them)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
 def sentence_hash(sentence: str | Sequence[str]) -> int:
     """64-bit hash of :func:`sentence_key`, as stored in a cache's sentence index."""
-    digest = hashlib.blake2b(sentence_key(sentence).encode("utf-8", "surrogatepass"), digest_size=8)
-    return int.from_bytes(digest.digest(), "little")
+    return key_hash(sentence_key(sentence).encode("utf-8", "surrogatepass"))
