@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError, InvalidParameterError
+from elmo_cache.quantize import UndecodedSentence
 from elmo_cache.store.format import CODEBOOKS as CODEBOOKS_ARRAY
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ class ProductQuantization:
 
 
 @dataclass(frozen=True)
-class PQSentence:
+class PQSentence(UndecodedSentence):
     """One sentence of a product-quantised cache, undecoded: ``Cache.quantized(i)`` and ``CacheDataset`` items.
 
     ``np.asarray(item)`` gives the floats (as ``cache[i]`` does); :func:`elmo_cache.collate` pads the
@@ -261,22 +262,11 @@ class PQSentence:
         """The shape of the decoded floats."""
         return (*self.codes.shape[:-1], self.quantization.dim)
 
-    @property
-    def ndim(self) -> int:
-        return self.codes.ndim
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.float32)
-
     def dequantize(self) -> np.ndarray:
+        """The floats of the codes' centroids (float32)."""
         if self.codes.ndim == 3:  # (layers, tokens, m): decode token-major, as stored
             return self.quantization.dequantize(self.codes.transpose(1, 0, 2)).transpose(1, 0, 2)
         return self.quantization.dequantize(self.codes)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.dequantize()
-        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def pad_pq(items: Sequence[PQSentence], max_tokens: int) -> torch.Tensor:

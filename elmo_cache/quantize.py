@@ -162,8 +162,31 @@ class Quantization:
         return np.multiply(codes, scales[..., None], dtype=np.float32)
 
 
+class UndecodedSentence:
+    """What an undecoded sentence of either quantised kind shares: numpy sees its decoded float32 values
+    (``np.asarray(item)`` is ``cache[i]``); a subclass says how it decodes and what shape that gives."""
+
+    codes: np.ndarray
+
+    @property
+    def ndim(self) -> int:
+        return self.codes.ndim
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the decoded floats."""
+        return np.dtype(np.float32)
+
+    def dequantize(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.dequantize()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 @dataclass(frozen=True)
-class QuantizedSentence:
+class QuantizedSentence(UndecodedSentence):
     """One sentence of a quantised cache, undecoded: ``Cache.quantized(i)`` and ``CacheDataset`` items.
 
     ``np.asarray(item)`` gives the floats (as ``cache[i]`` does); :func:`elmo_cache.collate` pads the
@@ -179,22 +202,9 @@ class QuantizedSentence:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.codes.shape)
 
-    @property
-    def ndim(self) -> int:
-        return self.codes.ndim
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The dtype of the decoded floats."""
-        return np.dtype(np.float32)
-
     def dequantize(self) -> np.ndarray:
         """The floats ``codes * scales`` (float32)."""
         return np.multiply(self.codes, self.scales[..., None], dtype=np.float32)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.dequantize()
-        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def quantization_of(meta: Mapping[str, Any], codebooks: Any = None) -> Any:
