@@ -132,7 +132,7 @@ def test_a_pq_build_reads_back_near_the_float_build(tmp_path, tiny_encoder, corp
     assert arrays[CODEBOOKS].dtype == np.float32 and arrays[CODEBOOKS].size == slots * 8 * 256 * 4
 
 
-def test_verify_sample_finds_codes_that_are_not_the_nearest(tmp_path, tiny_encoder, corpus):
+def test_verify_sample_finds_codes_that_are_not_the_nearest(tmp_path, tiny_encoder, corpus, monkeypatch):
     output = tmp_path / "q.h5"
     real = tiny_encoder.encode_flat
     calls = {"n": 0}
@@ -142,12 +142,9 @@ def test_verify_sample_finds_codes_that_are_not_the_nearest(tmp_path, tiny_encod
         calls["n"] += 1
         return (flat if calls["n"] <= 40 else flat * 1.5 + 0.3), offsets
 
-    tiny_encoder.encode_flat = shifted_after_training
-    try:
-        build(corpus, BuildOptions(output=output, quantize="pq:8", progress=False, batch_tokens=64),
-              encoder=tiny_encoder)  # fmt: skip
-    finally:
-        del tiny_encoder.encode_flat
+    monkeypatch.setattr(tiny_encoder, "encode_flat", shifted_after_training)
+    build(corpus, BuildOptions(output=output, quantize="pq:8", progress=False, batch_tokens=64), encoder=tiny_encoder)
+    monkeypatch.undo()  # verify re-encodes with the right encoder
     assert verify(output).ok  # the bytes are as written
     report = verify(output, sample=20, encoder=tiny_encoder)
     assert not report.ok and "not the code of a fresh encoding" in report.problems[0], str(report)

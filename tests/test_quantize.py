@@ -117,7 +117,7 @@ def test_a_quantized_build_reads_back_within_half_a_step_of_the_float_build(
     assert arrays["vectors"].nbytes * 4 == float_arrays["vectors"].nbytes * (32 + 4) // 32
 
 
-def test_verify_sample_finds_vectors_off_by_more_than_half_a_step(tmp_path, tiny_encoder, corpus):
+def test_verify_sample_finds_vectors_off_by_more_than_half_a_step(tmp_path, tiny_encoder, corpus, monkeypatch):
     output = tmp_path / "q.h5"
     real = tiny_encoder.encode_flat
 
@@ -125,11 +125,9 @@ def test_verify_sample_finds_vectors_off_by_more_than_half_a_step(tmp_path, tiny
         flat, offsets = real(sentences)
         return flat * 1.01, offsets
 
-    tiny_encoder.encode_flat = one_percent_off
-    try:
-        build(corpus, BuildOptions(output=output, quantize="int8", device="cpu", progress=False), encoder=tiny_encoder)
-    finally:
-        del tiny_encoder.encode_flat
+    monkeypatch.setattr(tiny_encoder, "encode_flat", one_percent_off)
+    build(corpus, BuildOptions(output=output, quantize="int8", device="cpu", progress=False), encoder=tiny_encoder)
+    monkeypatch.undo()  # verify re-encodes with the right encoder
     assert verify(output).ok  # the bytes are as written
     report = verify(output, sample=5, encoder=tiny_encoder)
     assert not report.ok and "half the vector's quantisation step" in report.problems[0], str(report)
