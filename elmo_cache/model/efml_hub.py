@@ -17,6 +17,8 @@ import stat
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -176,6 +178,10 @@ def _copy(stream: IO[bytes] | None, target: Path) -> None:
         shutil.copyfileobj(stream, out, 1 << 22)
 
 
+# An archive member: its name, whether it is a folder, and how to open its data.
+_Member = tuple[str, bool, Callable[[], IO[bytes] | None]]
+
+
 def unpack(archive: Path, into: Path) -> None:
     """Unpack a zip or tar archive into ``into``, once every member's name and kind was checked."""
     root = into.resolve()
@@ -184,12 +190,7 @@ def unpack(archive: Path, into: Path) -> None:
             infos = zf.infolist()
             link = "a symbolic link"
             _check(archive, [(i.filename, link if stat.S_ISLNK(i.external_attr >> 16) else None) for i in infos])
-            for info in infos:
-                target = _target(archive, root, info.filename)
-                if info.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                else:
-                    _copy(zf.open(info), target)
+            _write_members(archive, root, [(i.filename, i.is_dir(), partial(zf.open, i)) for i in infos])
         return
     if not tarfile.is_tarfile(archive):
         raise ModelDownloadError(f"{archive} is neither a zip nor a tar archive (a server's error page?)")
@@ -197,12 +198,17 @@ def unpack(archive: Path, into: Path) -> None:
         members = tf.getmembers()
         plain = "not a plain file or folder (a link or a device)"
         _check(archive, [(m.name, None if m.isfile() or m.isdir() else plain) for m in members])
-        for member in members:
-            target = _target(archive, root, member.name)
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            else:
-                _copy(tf.extractfile(member), target)
+        _write_members(archive, root, [(m.name, m.isdir(), partial(tf.extractfile, m)) for m in members])
+
+
+def _write_members(archive: Path, root: Path, members: list[_Member]) -> None:
+    """Write checked archive members ``(name, is a folder, open its data)`` under ``root``."""
+    for name, is_dir, open_member in members:
+        target = _target(archive, root, name)
+        if is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            _copy(open_member(), target)
 
 
 # ------------------------------------------------------------------------------- download
