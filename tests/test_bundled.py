@@ -115,7 +115,7 @@ def test_a_recorded_precision_this_cpu_refuses_serves_the_cache_alone(tmp_path, 
         encoder, _ = load_resources(Settings(device="cpu"), cache=cache)
     assert encoder is None
     assert "cache only" in caplog.text and "'fp16' on a CPU" in caplog.text and "--precision" in caplog.text
-    app = create_app(Settings(max_wait_ms=1.0), cache=cache)
+    app = create_app(Settings(max_wait_ms=1.0, device="cpu"), cache=cache)
     assert _get(app, LINES[1]).headers["x-elmo-source"] == "cache"
     assert _get(app, UNSEEN).status_code == 404
     cache.close()
@@ -138,7 +138,7 @@ def test_a_published_model_is_used_only_when_already_downloaded(tmp_path, offlin
         encoder, _ = load_resources(Settings(device="cpu"), cache=cache)
     assert encoder is None
     assert "cache only" in caplog.text and "'small' is not downloaded" in caplog.text
-    app = create_app(Settings(max_wait_ms=1.0), cache=cache)
+    app = create_app(Settings(max_wait_ms=1.0, device="cpu"), cache=cache)
     assert _get(app, LINES[1]).headers["x-elmo-source"] == "cache"
     missing = _get(app, UNSEEN)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_in_cache"

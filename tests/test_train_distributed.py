@@ -31,7 +31,8 @@ from elmo_cache.train.vocab import Vocabulary
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 
 # Dropout off: with it, each rank draws its own masks and the runs are equal in law only.
-EXACT = replace(TINY, dropout=0.0, threads=1)
+# The CPU (gloo) path, also on a machine with a GPU, where the default device would be CUDA.
+EXACT = replace(TINY, dropout=0.0, threads=1, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,9 @@ def test_too_little_text_for_the_global_batch_is_reported_from_the_ranks(tmp_pat
     # Enough text for 12 rows of one process, not for 2 x 12: every rank finds it and says so, once.
     text = _write_corpus(tmp_path / "small.txt", 20, seed=3)
     assert train(text, tmp_path / "one", replace(EXACT, batch_size=12, max_steps=1)).steps == 1
-    result = CliRunner().invoke(cli, [*_tiny_cli_args(text, tmp_path / "two", 1), "--batch-size", "12", "--nproc", "2"])
+    result = CliRunner().invoke(
+        cli, [*_tiny_cli_args(text, tmp_path / "two", 1), "--batch-size", "12", "--nproc", "2", "--device", "cpu"]
+    )
     assert result.exit_code == 1, result.output
     assert "too little text for batch_size 12 x 2 processes" in result.output and "--nproc" in result.output
     assert "Traceback" not in result.output
@@ -138,7 +141,7 @@ def test_kill_9_of_one_rank_stops_the_job_and_the_same_command_resumes(tmp_path,
     command = [
         sys.executable, "-c", "from elmo_cache.cli.main import main; main()",
         *_tiny_cli_args(corpus, output, steps), "--batch-size", "4", "--dropout", "0", "--nproc", "2",
-        "--checkpoint-minutes", "0.0001",
+        "--device", "cpu", "--checkpoint-minutes", "0.0001",
     ]  # fmt: skip
     env = {**os.environ, "ELMO_CACHE_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

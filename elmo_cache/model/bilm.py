@@ -14,12 +14,15 @@ Inference only, written for throughput on packed (length-sorted) batches:
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from elmo_cache.model.float32 import ieee_float32
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import ElmoWeights
 
@@ -109,6 +112,16 @@ class BiLM:
 
         ``word_ids`` (n_words,): rows of the word embedding, for models that have one (its
         projection is added to the char-CNN's: the projection of the two concatenated)."""
+        with self._exact_float32():
+            return self._token_embeddings(char_ids, word_ids)
+
+    def _exact_float32(self) -> contextlib.AbstractContextManager[None]:
+        """IEEE float32 on CUDA while an fp32 model runs (:mod:`elmo_cache.model.float32`)."""
+        if self.compute_dtype != torch.float32:
+            return contextlib.nullcontext()
+        return ieee_float32(self.char_embed.device)
+
+    def _token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None) -> torch.Tensor:
         cd = self.compute_dtype
         embedded = F.embedding(char_ids, self.char_embed).transpose(1, 2).to(cd)  # (n, C, max_chars)
         pooled = []
@@ -148,6 +161,12 @@ class BiLM:
         rows in sorted order. Returns the per-layer outputs (2, n_rows, P) float32 (with the
         skip connection applied) and the final states, same shapes as the initial ones.
         """
+        with self._exact_float32():
+            return self._lstm_layers(inputs, packed, initial_h, initial_c)
+
+    def _lstm_layers(
+        self, inputs: torch.Tensor, packed: PackedBatch, initial_h: torch.Tensor, initial_c: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         options = self.options
         final_h = initial_h.clone()
         final_c = initial_c.clone()
@@ -231,6 +250,16 @@ def _lstm_cell(
     return sig[..., 2 * d :] * torch.tanh(cell), cell
 
 
+def _compile(function: Any) -> Any:
+    """``torch.compile`` with shapes left dynamic. A build meets more specialisations of the cell's inputs than
+    torch's default of 8 compiled versions: torch 2.13 takes a per-function ``recompile_limit``; older releases
+    (2.11 on a lent GPU machine, 2.5 in the Docker image) have no such argument, and there dynamo runs the
+    shapes past its limit eagerly (same numbers) instead of failing."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return torch.compile(function, dynamic=True, recompile_limit=64)  # type: ignore[call-overload]
+    return torch.compile(function, dynamic=True)
+
+
 class FusedCell:
     """:func:`_lstm_cell` compiled into one kernel: the cell update is memory-bound, and fusing its
     ~8 passes over the (2, batch, 4 * lstm_dim) gates into one pays on every device. Falls back
@@ -246,10 +275,9 @@ class FusedCell:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.failed:
             return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
-        if self._compiled is None:
-            # recompile_limit exists at run time but not in torch's overload stubs.
-            self._compiled = torch.compile(_lstm_cell, dynamic=True, recompile_limit=64)  # type: ignore[call-overload]
         try:
+            if self._compiled is None:
+                self._compiled = _compile(_lstm_cell)
             result: tuple[torch.Tensor, torch.Tensor] = self._compiled(gates_x, row0, gates_h, c_prev, cell_clip)
             return result
         except Exception as exc:
