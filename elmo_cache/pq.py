@@ -308,13 +308,13 @@ class ProductQuantization:
             magnitude = np.abs(self._rotation())
             slack = np.einsum("nsd,sed->nse", slack, magnitude) + 1e-5 * np.einsum("nsd,sed->nse", np.abs(x), magnitude)
             x = np.einsum("nsd,sed->nse", x, self._rotation())
-        x = x.reshape(-1, self.slots, self.m, 1, self.dsub)
-        slack = slack.reshape(-1, self.slots, self.m, self.dsub)
-        dist = ((x - table[None]) ** 2).sum(-1)  # (n, slots, m, 256)
+        subs = x.reshape(-1, self.slots, self.m, 1, self.dsub)
+        sub_slack = slack.reshape(-1, self.slots, self.m, self.dsub)
+        dist = ((subs - table[None]) ** 2).sum(-1)  # (n, slots, m, 256)
         codes = rows.reshape(-1, self.slots, self.m).astype(np.intp)
         got = np.take_along_axis(dist, codes[..., None], -1)[..., 0]
         best = dist.min(-1)
-        err = np.sqrt((slack**2).sum(-1))  # how far a sub-vector may have moved
+        err = np.sqrt((sub_slack**2).sum(-1))  # how far a sub-vector may have moved
         allowed = best + 2 * err * (np.sqrt(got) + np.sqrt(best)) + err**2 + 1e-6 * best
         bad = np.flatnonzero(got > allowed)
         if not len(bad):
