@@ -392,8 +392,9 @@ def pq_live_as_cached(
 def load_codebooks(
     where: Any, meta: Mapping[str, Any], quantization: ProductQuantization, array: Any, sums: Any
 ) -> ProductQuantization:
-    """``quantization`` with the cache's codebooks ``array`` read whole (a few MB at most) and checked against
-    their block sums ``sums`` when the cache has block sums: a flipped bit is an error at open, not wrong vectors."""
+    """``quantization`` with the cache's codebooks ``array`` read whole (15 MiB for opq of the Original model's three
+    layers, rotations included) and checked against their block sums ``sums`` when the cache has block sums: a
+    flipped bit is an error at open, not wrong vectors."""
     from elmo_cache.store._blocksums import block_sums
     from elmo_cache.store.format import SMALL_BLOCK_ROWS
 
