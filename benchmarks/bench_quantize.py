@@ -3,12 +3,16 @@
     python benchmarks/bench_quantize.py --heldout /work/data/corpus/heldout.txt --lines 600    # bundled model
     python benchmarks/bench_quantize.py --size original --tokens 1500                         # Original-size random
     python benchmarks/bench_quantize.py --heldout ... --quantize pq:64                        # also product-quantised
+    python benchmarks/bench_quantize.py --heldout ... --train-text /work/data/corpus/train.txt --train-lines 4000 \
+        --quantize pq:64 --quantize opq:64                                                 # held-out rows out of sample
 
 For one corpus (the first ``--lines`` lines of ``--heldout``, or a generated corpus of ``--tokens``
 tokens) it builds zarr caches of all three layers with the same encoder: float32 (the reference),
-``--fp16``, ``--quantize int8`` and each ``--quantize pq:M`` asked for (codebooks trained on the
-corpus's own first 65,536 rows, so on a small corpus every vector read back was in the training
-sample: see benchmarks/pq_alternatives.py for vectors outside it), and reports
+``--fp16``, ``--quantize int8`` and each ``--quantize pq:M`` or ``opq:M`` asked for (codebooks trained on
+the corpus's own first 65,536 rows, so on a small corpus every vector read back was in the training
+sample). With ``--train-text FILE --train-lines N`` the corpus is the first N non-empty lines of FILE
+followed by the held-out lines, and the errors and perplexities are of the held-out sentences alone: with
+N lines of at least 65,536 tokens, vectors outside the codebooks' training sample. It reports
 
 
 * **bytes per token** of the stored vectors (the ``vectors`` array: rows x row bytes / tokens) and the
@@ -19,8 +23,9 @@ sample: see benchmarks/pq_alternatives.py for vectors outside it), and reports
   cache holds no vector for ``<S>``, so each direction scores n predictions per sentence of n tokens
   (the forward half at token t predicts token t+1 or ``</S>``; the backward half token t-1 or ``<S>``),
   one fewer than ``elmo-cache perplexity`` scores: compare the rows of this table with each other;
-* **build throughput** (tokens/s of each build, encoder included) and the cost of the storage step
-  alone (quantise vs cast on the same encoder output);
+* **build throughput** (tokens/s of each build, encoder included), the codebooks' training time (faiss
+  alone, the sample's encoding excluded) and the cost of the storage step alone (quantise vs cast on the same
+  encoder output);
 * **read latency**: random ``cache[i]`` (float16: a zero-copy view; int8: decoded to float32), the same
   followed by a float32 copy (what a model consumes), and ``collate`` of 32 random sentences.
 
@@ -51,12 +56,27 @@ from elmo_cache.builder import BuildOptions, build
 from elmo_cache.quantize import Quantization
 
 STORAGE = {"float32": {}, "float16": {"fp16": True}, "int8": {"quantize": "int8"}}
+PRODUCT = ("pq:", "opq:")
+# Seconds faiss spent training each product-quantised build's codebooks (train_codebooks, timed by a wrapper).
+TRAINING_SECONDS: dict[str, float] = {}
+
+
+def heldout_from(args: argparse.Namespace) -> int:
+    """The first sentence of the held-out text in the corpus (0 without --train-text)."""
+    return 0 if args.train_text is None else args.train_lines
+
+
+def _nonempty(path: Path, n: int) -> list[str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [line for line in lines if line][:n]
 
 
 def corpus_lines(args: argparse.Namespace) -> list[str]:
     if args.heldout is not None:
-        lines = [line.strip() for line in args.heldout.read_text(encoding="utf-8").splitlines()]
-        return [line for line in lines if line][: args.lines]
+        train = [] if args.train_text is None else _nonempty(args.train_text, args.train_lines)
+        if len(train) != heldout_from(args):
+            raise SystemExit(f"--train-text has {len(train)} non-empty lines, fewer than --train-lines")
+        return train + _nonempty(args.heldout, args.lines)
     from _corpus import make_corpus
 
     return [" ".join(sentence) for sentence in make_corpus(args.tokens, seed=0)]
@@ -74,15 +94,50 @@ def load_encoder(args: argparse.Namespace) -> tuple[Encoder, Path | None]:
 
 
 def build_all(lines: list[str], encoder: Encoder, work: Path, pq: list[str]) -> dict[str, tuple[Path, float]]:
+    from elmo_cache.builder import codebooks
+
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = {}
+    train = codebooks.train_codebooks
     for name, extra in {**STORAGE, **{m: {"quantize": m} for m in pq}}.items():
+
+        def timed_training(sample, quantization, name=name):
+            start = time.perf_counter()
+            trained = train(sample, quantization)
+            TRAINING_SECONDS[name] = time.perf_counter() - start
+            return trained
+
+        codebooks.train_codebooks = timed_training  # looked up by name when a build trains its codebooks
         options = BuildOptions(output=work / f"{name.replace(':', '')}.zarr", progress=False, device="cpu", **extra)
         start = time.perf_counter()
-        summary = build(corpus, options, encoder=encoder)
+        try:
+            summary = build(corpus, options, encoder=encoder)
+        finally:
+            codebooks.train_codebooks = train
         out[name] = (summary.path, summary.n_tokens / (time.perf_counter() - start))
     return out
+
+
+def shrink_training(vectors: int | None, rotation_iterations: int | None) -> None:
+    """Train product-quantised builds on fewer vectors or OPQ iterations (recorded in their metadata as usual)."""
+    import dataclasses
+
+    from elmo_cache.builder import plan
+
+    make = plan.make_quantization
+
+    def smaller(name: str, dim: int, slots: int):
+        q = make(name, dim, slots)
+        if not name.startswith(PRODUCT):
+            return q
+        t = q.training
+        t = dataclasses.replace(
+            t, vectors=vectors or t.vectors, rotation_iterations=rotation_iterations or t.rotation_iterations
+        )
+        return dataclasses.replace(q, training=t)
+
+    plan.make_quantization = smaller
 
 
 def sizes(caches: dict[str, tuple[Path, float]]) -> None:
@@ -101,16 +156,25 @@ def sizes(caches: dict[str, tuple[Path, float]]) -> None:
         q = cache.quantization
         assert q is not None
         print(f"  int8 / float16 (rows): {(q.stored_dim) / (2 * q.dim):.4f}  (dim {q.dim}: codes + 4-byte scale)")
+    for name in [n for n in caches if n.startswith(PRODUCT)]:
+        with elmo_cache.open(caches[name][0]) as cache:
+            q = cache.quantization
+            print(
+                f"  {name}: codebooks array {q.parameter_count * 4 / 2**20:.2f} MiB per cache "
+                f"(centroids {np.prod(q.codebook_shape) * 4 / 2**20:.2f} MiB"
+                + (f", rotations {np.prod(q.rotation_shape) * 4 / 2**20:.2f} MiB)" if q.rotated else ")")
+            )
 
 
-def errors(caches: dict[str, tuple[Path, float]]) -> None:
-    print("\nreconstruction error against float32, per layer")
+def errors(caches: dict[str, tuple[Path, float]], first: int) -> None:
+    print(f"\nreconstruction error against float32, per layer (sentences {first:,} on)")
     ref = elmo_cache.open(caches["float32"][0])
+    kept = [i for i in range(first, len(ref)) if ref[i].shape[1]]
     for name in [n for n in caches if n != "float32"]:
         cache = elmo_cache.open(caches[name][0])
         for layer in range(3):
-            a = np.concatenate([ref[i][layer] for i in range(len(ref)) if ref[i].shape[1]])
-            b = np.concatenate([np.asarray(cache[i], np.float32)[layer] for i in range(len(cache)) if ref[i].shape[1]])
+            a = np.concatenate([ref[i][layer] for i in kept])
+            b = np.concatenate([np.asarray(cache[i], np.float32)[layer] for i in kept])
             cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
             rel = np.sqrt(((a - b) ** 2).sum() / (a**2).sum())
             print(
@@ -119,7 +183,7 @@ def errors(caches: dict[str, tuple[Path, float]]) -> None:
             )
 
 
-def perplexities(caches: dict[str, tuple[Path, float]], model_dir: Path) -> None:
+def perplexities(caches: dict[str, tuple[Path, float]], model_dir: Path, first: int) -> None:
     from elmo_cache.train.files import load_trained_model
     from elmo_cache.train.softmax import full_softmax_loss
     from elmo_cache.train.vocab import BOS, EOS
@@ -127,12 +191,15 @@ def perplexities(caches: dict[str, tuple[Path, float]], model_dir: Path) -> None
     model, vocab = load_trained_model(model_dir)
     weight, bias = model.softmax_weight.detach(), model.softmax_bias.detach()
     half = weight.shape[1]
-    print(f"\nheld-out perplexity, layer-2 halves through the bundled softmax ({len(vocab):,} words)")
+    print(
+        f"\nheld-out perplexity, layer-2 halves through the bundled softmax ({len(vocab):,} words; "
+        f"sentences {first:,} on)"
+    )
     results = {}
     for name, (path, _) in caches.items():
         cache = elmo_cache.open(path)
         hidden_f, hidden_b, target_f, target_b = [], [], [], []
-        for i in range(len(cache)):
+        for i in range(first, len(cache)):
             tokens = cache.tokens(i)
             if not tokens:
                 continue
@@ -158,14 +225,15 @@ def perplexities(caches: dict[str, tuple[Path, float]], model_dir: Path) -> None
 def speed(caches: dict[str, tuple[Path, float]], encoder: Encoder, lines: list[str], reads: int, threads: int) -> None:
     print("\nbuild throughput (whole build, encoder included; tokens/s)")
     for name, (_, rate) in caches.items():
-        print(f"  {name:8s} {rate:10.0f}")
+        trained = f"   codebooks trained in {TRAINING_SECONDS[name]:.1f} s (faiss)" if name in TRAINING_SECONDS else ""
+        print(f"  {name:8s} {rate:10.0f}{trained}")
     tokens = [line.split() for line in lines[:64]]
     with torch.inference_mode():
         flat, _ = encoder.encode_flat(tokens)
     rows = flat.transpose(0, 1).contiguous()
     q = Quantization("int8", encoder.output_dim)
     steps = {"cast to float16": lambda: rows.to(torch.float16).numpy(), "quantise int8": lambda: q.quantize(rows)}
-    for name in [n for n in caches if n.startswith("pq:")]:
+    for name in [n for n in caches if n.startswith(PRODUCT)]:
         pq = elmo_cache.open(caches[name][0]).quantization
         steps[f"quantise {name} (nearest centroids)"] = lambda pq=pq: pq.quantize(rows)
     for label, step in steps.items():
@@ -215,10 +283,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1500, help="generated corpus size with --size")
     parser.add_argument("--reads", type=int, default=20000, help="random reads per cache")
     parser.add_argument("--keep", type=Path, default=None, help="build the caches here and keep them")
-    parser.add_argument("--quantize", action="append", default=[], help="also a pq:M cache (repeatable)")
+    parser.add_argument("--quantize", action="append", default=[], help="also a pq:M or opq:M cache (repeatable)")
+    parser.add_argument("--train-text", type=Path, default=None, help="text before the held-out lines (with --heldout)")
+    parser.add_argument("--train-lines", type=int, default=4000, help="first N non-empty lines of --train-text")
+    parser.add_argument("--training-vectors", type=int, default=None, help="codebooks' training sample (65,536)")
+    parser.add_argument("--rotation-iterations", type=int, default=None, help="opq: OPQ iterations (10)")
     args = parser.parse_args()
     if (args.heldout is None) == (args.size is None):
         parser.error("give --heldout (bundled model) or --size (a random model)")
+    if args.train_text is not None and args.heldout is None:
+        parser.error("--train-text needs --heldout")
+    if args.training_vectors or args.rotation_iterations:
+        shrink_training(args.training_vectors, args.rotation_iterations)
     print(f"{datetime.datetime.now().isoformat(timespec='seconds')}  {' '.join(sys.argv)}")
     print("\n".join(describe_machine("cpu").lines()))
     encoder, model_dir = load_encoder(args)
@@ -227,12 +303,17 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         caches = build_all(lines, encoder, work, args.quantize)
-        n_tokens = elmo_cache.open(caches["float32"][0]).n_tokens
-        print(f"\n{len(lines):,} sentences, {n_tokens:,} tokens, dim {encoder.output_dim}")
+        reference = elmo_cache.open(caches["float32"][0])
+        first = heldout_from(args)
+        held = sum(reference[i].shape[1] for i in range(first, len(reference)))
+        print(
+            f"\n{len(lines):,} sentences, {reference.n_tokens:,} tokens, dim {encoder.output_dim}; "
+            f"evaluated: sentences {first:,} on, {held:,} tokens"
+        )
         sizes(caches)
-        errors(caches)
+        errors(caches, first)
         if model_dir is not None:
-            perplexities(caches, model_dir)
+            perplexities(caches, model_dir, first)
         speed(caches, encoder, lines, args.reads, args.read_threads)
     finally:
         if args.keep is None:

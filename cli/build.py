@@ -56,9 +56,10 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--quantize",
     default=None,
     help="Store the vectors quantised: none (default), int8 (one int8 code per value and one float32 scale per "
-    "vector: about half the bytes of --fp16) or pq:M (M one-byte codes per vector, product quantisation with "
-    'codebooks trained on the corpus: needs faiss, pip install "elmo-cache[pq]"; M divides the model\'s width). '
-    "Reads return float32. Not with --fp16.",
+    "vector: about half the bytes of --fp16), pq:M (M one-byte codes per vector, product quantisation with "
+    'codebooks trained on the corpus: needs faiss, pip install "elmo-cache[pq]"; M divides the model\'s width) '
+    "or opq:M (as pq:M, each vector rotated first by a rotation trained with the codebooks: closer vectors, a "
+    "dim x dim product per vector read). Reads return float32. Not with --fp16.",
 )
 @click.option(
     "--pool",

@@ -10,7 +10,7 @@ import numpy as np
 
 from elmo_cache.pooling import pool_rows, pooled_shape
 from elmo_cache.quantize import quantization_of
-from elmo_cache.store.format import POOLED_ARRAY
+from elmo_cache.store.format import POOLED_ARRAY, PRODUCT_SCHEMES
 
 if TYPE_CHECKING:
     from elmo_cache.verify import VerifyReport
@@ -64,7 +64,7 @@ def check_pooled(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyRep
                     f"{POOLED_ARRAY}: sentence {i} repeats sentence {j} but their pooled vectors differ"
                 )
                 return
-    product_quantised = (meta.get("quantization") or {}).get("scheme") == "pq"
+    product_quantised = (meta.get("quantization") or {}).get("scheme") in PRODUCT_SCHEMES
     if pool.get("only") or product_quantised:
         # Nothing to recompute from: a --pool-only cache stores no token vectors, and a pq cache's token rows
         # are nearest centroids, whose error has no bound a recomputed pool could be held to.

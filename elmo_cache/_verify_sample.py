@@ -15,7 +15,7 @@ from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import model_differences
 from elmo_cache.quantize import quantization_of
 from elmo_cache.selection import Selection
-from elmo_cache.store.format import TEXT_ENCODING
+from elmo_cache.store.format import PRODUCT_SCHEMES, TEXT_ENCODING
 from elmo_cache.text.tokenize import split_key
 
 if TYPE_CHECKING:
@@ -121,8 +121,9 @@ def check_sample(
     for i, reference in zip(lines, references):
         start, length = int(offsets[i]), int(lengths[i])
         stored = np.asarray(arrays["vectors"][start : start + length])
-        if quantization is not None and quantization.scheme == "pq":
-            # A pq code is right when its centroid is (within the encoder's tolerance) a nearest one.
+        if quantization is not None and quantization.scheme in PRODUCT_SCHEMES:
+            # A pq code is right when its centroid is (within the encoder's tolerance) a nearest one; an opq
+            # code the same of the rotated vector (nearest_problem rotates the fresh floats and their tolerance).
             expected = _expected(reference, meta)
             problem = quantization.nearest_problem(stored, expected, atol + rtol * np.abs(expected))
             worst = max(worst, float(np.abs(quantization.dequantize(stored) - expected).max()))
@@ -186,10 +187,10 @@ def _check_pooled_sample(
 
 
 def _codebooks(arrays: dict[str, Any], meta: dict[str, Any]) -> Any:
-    """A pq cache's codebooks as the library read them (None for other caches: not needed)."""
+    """A pq or opq cache's codebooks array as the library read it (None for other caches: not needed)."""
     from elmo_cache.store.format import CODEBOOKS
 
     array = arrays.get(CODEBOOKS)
-    if array is None or (meta.get("quantization") or {}).get("scheme") != "pq":
+    if array is None or (meta.get("quantization") or {}).get("scheme") not in PRODUCT_SCHEMES:
         return None
     return np.asarray(array[...])

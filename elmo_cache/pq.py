@@ -7,6 +7,12 @@ sub-quantiser ``j``. A cache holds one set of ``M x 256`` centroids per stored l
 widely in scale and spread) or one for a mix: the codebooks, an array of their own
 (``quantization/codebooks``). Reading gathers each code's centroid: numpy only, no faiss.
 
+Scheme ``opq`` (``build --quantize opq:M``): the same codes of ``y = x @ A.T``, ``A`` an orthonormal
+``dim x dim`` rotation per stored layer (faiss's ``OPQMatrix.A``) learned with the codebooks so that the
+sub-vectors quantise better (benchmarks/RESULTS.md); reading gathers ``y``'s centroids, then ``x = y @ A``.
+The rotations follow the centroids in the same codebooks array, so that staging, stitching and the block
+sums carry them as they carry the centroids.
+
 The codebooks are trained on the corpus's own vectors before any row is written
 (:mod:`elmo_cache.builder.codebooks`: faiss k-means, fixed seed, one thread), so the codes are
 as deterministic as the floats: the same on resume and in every Ray worker. Codes are assigned on
@@ -26,6 +32,7 @@ import numpy as np
 from elmo_cache.errors import CacheCorruptError, CacheFormatError, InvalidParameterError
 from elmo_cache.quantize import UndecodedSentence
 from elmo_cache.store.format import CODEBOOKS as CODEBOOKS_ARRAY
+from elmo_cache.store.format import OPQ_ROTATION, PRODUCT_SCHEMES
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +48,7 @@ __all__ = [
     "Training",
     "pad_pq",
     "pq_live_as_cached",
-    "parse_pq",
+    "parse_product",
     "pq_choices",
 ]
 
@@ -51,23 +58,26 @@ CENTROIDS = 256
 PQ_DTYPE = "uint8"
 """Storage dtype of ``vectors`` in a product-quantised cache."""
 
-_PQ = re.compile(r"pq:(\d+)")
+_PQ = re.compile(r"(o?pq):(\d+)")
 # Elements of the (slots * M, rows, 256) distance tensor computed at once while assigning codes (128 MiB):
 # smaller chunks cost more per row (341 rows of bundled pq:64: +15%, 64 rows: +70%; 2-core CPU).
 _CHUNK_ELEMENTS = 1 << 25
 
 
 def pq_choices() -> str:
-    """How a valid ``pq`` value is written (for error messages)."""
-    return "pq:M, M sub-quantisers of 256 centroids (M bytes a vector; M a positive divisor of the model's width)"
+    """How a valid ``pq`` or ``opq`` value is written (for error messages)."""
+    return (
+        "pq:M, M sub-quantisers of 256 centroids (M bytes a vector; M a positive divisor of the model's width); "
+        "opq:M, the same after a learned rotation (more accurate at the same size)"
+    )
 
 
-def parse_pq(value: str) -> int | None:
-    """The ``M`` of ``pq:M`` (None when ``value`` is not of that form, or M is not positive)."""
+def parse_product(value: str) -> tuple[str, int] | None:
+    """The scheme and ``M`` of ``pq:M`` or ``opq:M`` (None when ``value`` is neither, or M is not positive)."""
     match = _PQ.fullmatch(value)
-    if match is None or int(match.group(1)) < 1:
+    if match is None or int(match.group(2)) < 1:
         return None
-    return int(match.group(1))
+    return match.group(1), int(match.group(2))
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,16 @@ class Training:
     # faiss k-means seed and iterations per sub-quantiser.
     seed: int = 0
     iterations: int = 25
+    # opq: iterations of faiss's OPQMatrix (each retrains its own PQ and solves for the rotation); 10 met the
+    # 5% perplexity target in the prototype (benchmarks/RESULTS.md). Not recorded for pq.
+    rotation_iterations: int = 10
 
-    def to_metadata(self) -> dict[str, Any]:
+    def to_metadata(self, rotated: bool = False) -> dict[str, Any]:
+        """The metadata's ``quantization.training`` object (an opq one names its rotation's iterations)."""
+        if rotated:
+            return {"sample": "first-rows", "vectors": self.vectors, "seed": self.seed,
+                    "iterations": self.iterations, "rotation_iterations": self.rotation_iterations,
+                    "algorithm": "faiss-opq+kmeans"}  # fmt: skip
         return {"sample": "first-rows", "vectors": self.vectors, "seed": self.seed, "iterations": self.iterations,
                 "algorithm": "faiss-kmeans"}  # fmt: skip
 
@@ -100,16 +118,26 @@ class ProductQuantization:
     training: Training = Training()
     # float32 centroids (slots, m, 256, dim // m); None until trained or read (shapes need none).
     codebooks: np.ndarray | None = None
-
-    scheme = "pq"
+    # "pq", or "opq": codes of each vector rotated by its slot's ``rotation`` first.
+    scheme: str = "pq"
+    # opq: float32 orthonormal rotations (slots, dim, dim), faiss's OPQMatrix.A (``y = x @ A.T``, ``x = y @ A``);
+    # None for pq, and until trained or read.
+    rotation: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.scheme not in PRODUCT_SCHEMES:
+            raise InvalidParameterError(f"quantize: scheme {self.scheme!r} is not one of {list(PRODUCT_SCHEMES)}")
         if self.m < 1 or self.dim % self.m:
             divisors = [d for d in range(1, self.dim + 1) if self.dim % d == 0]
             raise InvalidParameterError(
-                f"quantize: pq:{self.m} does not divide the model's width {self.dim} into equal sub-vectors; "
-                f"use {pq_choices()}: here M in {divisors}"
+                f"quantize: {self.scheme}:{self.m} does not divide the model's width {self.dim} into equal "
+                f"sub-vectors; use {pq_choices()}: here M in {divisors}"
             )
+
+    @property
+    def rotated(self) -> bool:
+        """Whether vectors are rotated before they are cut into sub-vectors (opq)."""
+        return self.scheme == "opq"
 
     @property
     def dsub(self) -> int:
@@ -119,22 +147,27 @@ class ProductQuantization:
     # -- metadata ---------------------------------------------------------------------------------
 
     def to_metadata(self) -> dict[str, Any]:
-        """The metadata's ``quantization`` object."""
-        return {"scheme": "pq", "m": self.m, "centroids": CENTROIDS, "codebooks": CODEBOOKS_ARRAY,
-                "training": self.training.to_metadata()}  # fmt: skip
+        """The metadata's ``quantization`` object (a pq cache's exactly as before opq existed)."""
+        out = {"scheme": self.scheme, "m": self.m, "centroids": CENTROIDS, "codebooks": CODEBOOKS_ARRAY}
+        if self.rotated:
+            out["rotation"] = OPQ_ROTATION
+        return {**out, "training": self.training.to_metadata(self.rotated)}
 
     @classmethod
     def from_metadata(cls, raw: Mapping[str, Any], dim: int, slots: int) -> ProductQuantization:
+        scheme = raw.get("scheme")
         try:
             training = raw["training"]
             spec = Training(int(training["vectors"]), int(training["seed"]), int(training["iterations"]))
+            if scheme == "opq":
+                spec = replace(spec, rotation_iterations=int(training["rotation_iterations"]))
             m = int(raw["m"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CacheFormatError(f"metadata quantization {dict(raw)!r} is not a pq description ({exc})") from None
         if raw.get("centroids") != CENTROIDS:
             raise CacheFormatError(f"metadata quantization: {raw.get('centroids')!r} centroids; this reads {CENTROIDS}")
         try:
-            return cls(dim, m, slots, spec)
+            return cls(dim, m, slots, spec, scheme=str(scheme))
         except InvalidParameterError as exc:
             raise CacheFormatError(f"metadata quantization: {exc}") from None
 
@@ -151,21 +184,52 @@ class ProductQuantization:
         """The stored row of a float row of ``row_shape`` (its last axis becomes the codes)."""
         return (*tuple(row_shape)[:-1], self.m)
 
+    @property
+    def rotation_shape(self) -> tuple[int, int, int]:
+        """The shape of the rotations (opq): one ``dim x dim`` matrix per slot."""
+        return (self.slots, self.dim, self.dim)
+
+    @property
+    def parameter_count(self) -> int:
+        """float32 values in the codebooks array: the centroids, then (opq) the rotations."""
+        rotations = int(np.prod(self.rotation_shape)) if self.rotated else 0
+        return int(np.prod(self.codebook_shape)) + rotations
+
+    def parameters(self) -> np.ndarray:
+        """The codebooks array's values (1-D little-endian float32): the centroids, then (opq) the rotations."""
+        parts = [self._table()] + ([self._rotation()] if self.rotated else [])
+        return np.concatenate([np.asarray(p, dtype="<f4").reshape(-1) for p in parts])
+
     def with_codebooks(self, codebooks: Any, where: str = "codebooks") -> ProductQuantization:
-        """This quantisation with its codebooks (any float32 array of ``codebook_shape``'s size)."""
+        """This quantisation with its codebooks array's values (any float32 array of ``parameter_count``
+        values: the centroids, then for opq the rotations)."""
         flat = np.asarray(codebooks)
-        if flat.dtype != np.float32 or flat.size != int(np.prod(self.codebook_shape)):
-            raise CacheFormatError(
-                f"{where}: {flat.dtype} array of {flat.size} values, expected float32 {self.codebook_shape}"
-            )
-        table = np.ascontiguousarray(flat, dtype=np.float32).reshape(self.codebook_shape)
+        if flat.dtype != np.float32 or flat.size != self.parameter_count:
+            expected = f"{self.codebook_shape}" + (f" then {self.rotation_shape}" if self.rotated else "")
+            raise CacheFormatError(f"{where}: {flat.dtype} array of {flat.size} values, expected float32 {expected}")
+        values = np.ascontiguousarray(flat, dtype=np.float32).reshape(-1)
+        n_centroids = int(np.prod(self.codebook_shape))
+        table = values[:n_centroids].reshape(self.codebook_shape)
         table.setflags(write=False)
-        return replace(self, codebooks=table)
+        if not self.rotated:
+            return replace(self, codebooks=table)
+        return self.with_rotation(table, values[n_centroids:])
+
+    def with_rotation(self, codebooks: np.ndarray, rotation: Any) -> ProductQuantization:
+        """This opq quantisation with its centroids and rotations (float32, ``rotation_shape``'s size)."""
+        matrices = np.ascontiguousarray(rotation, dtype=np.float32).reshape(self.rotation_shape)
+        matrices.setflags(write=False)
+        return replace(self, codebooks=codebooks, rotation=matrices)
 
     def _table(self) -> np.ndarray:
         if self.codebooks is None:
             raise CacheCorruptError("pq: the codebooks are not loaded (a cache without its codebooks array?)")
         return self.codebooks
+
+    def _rotation(self) -> np.ndarray:
+        if self.rotation is None:
+            raise CacheCorruptError("opq: the rotations are not loaded (a cache without its codebooks array?)")
+        return self.rotation
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -185,7 +249,11 @@ class ProductQuantization:
         table = torch.tensor(self._table(), device=x.device)  # (slots, m, 256, dsub); a copy: ours is read-only
         books = table.reshape(self.slots * self.m, CENTROIDS, self.dsub)
         norms = (books * books).sum(-1)[:, None, :]  # (slots * m, 1, 256)
-        flat = x.float().reshape(-1, self.slots * self.m, self.dsub).transpose(0, 1)  # (slots * m, n, dsub)
+        rows = x.float().reshape(-1, self.slots, self.dim)
+        if self.rotated:  # y = x @ A.T, one product per slot: (slots, n, dim) @ (slots, dim, dim)
+            rotation = torch.tensor(self._rotation(), device=x.device)
+            rows = torch.bmm(rows.transpose(0, 1), rotation.transpose(1, 2)).transpose(0, 1)
+        flat = rows.reshape(-1, self.slots * self.m, self.dsub).transpose(0, 1)  # (slots * m, n, dsub)
         out = torch.empty(flat.shape[:2], dtype=torch.uint8, device=x.device)
         step = max(1, _CHUNK_ELEMENTS // (self.slots * self.m * CENTROIDS))
         books_t = books.transpose(1, 2).contiguous()
@@ -197,14 +265,20 @@ class ProductQuantization:
     # -- reading ----------------------------------------------------------------------------------
 
     def dequantize(self, rows: np.ndarray) -> np.ndarray:
-        """Floats of stored rows ``(..., slots, m)`` (or ``(..., m)`` with one slot): one gather, float32."""
+        """Floats of stored rows ``(..., slots, m)`` (or ``(..., m)`` with one slot): one gather, float32; for
+        opq then one matrix product per slot over all the rows (``x = y @ A``)."""
         table = self._table()
         if rows.shape[-1] != self.m:
             raise ValueError(f"stored rows end in {rows.shape[-1]} codes, expected {self.m}")
         codes = rows.reshape(-1, self.slots, self.m).astype(np.intp)
         # Row (slot, j, code) of the flattened table: one take for every sub-vector of every vector.
         base = (np.arange(self.slots)[:, None] * self.m + np.arange(self.m)[None, :]) * CENTROIDS
-        out = np.take(table.reshape(-1, self.dsub), codes + base, axis=0)  # (n, slots, m, dsub)
+        out = np.take(table.reshape(-1, self.dsub), codes + base, axis=0).reshape(-1, self.slots, self.dim)
+        if self.rotated:
+            rotation = self._rotation()
+            rotated, out = out, np.empty_like(out)
+            for slot in range(self.slots):  # strided views: BLAS reads and writes them in place, no copies
+                np.matmul(rotated[:, slot], rotation[slot], out=out[:, slot])
         return out.reshape(*rows.shape[:-1], self.dim)
 
     def decoder(self, read: Callable[[int, int], np.ndarray]) -> Callable[[int, int], np.ndarray]:
@@ -226,15 +300,21 @@ class ProductQuantization:
         """Whether stored codes ``rows`` are nearest centroids of ``fresh`` floats (same leading shape), up to
         each value moving by ``tolerance`` (the encoder's, broadcast to ``fresh``): verify's sample check."""
         table = self._table()
-        x = np.asarray(fresh, np.float32).reshape(-1, self.slots, self.m, 1, self.dsub)
-        slack = np.asarray(np.broadcast_to(tolerance, fresh.shape), np.float32).reshape(
-            -1, self.slots, self.m, self.dsub
-        )
-        dist = ((x - table[None]) ** 2).sum(-1)  # (n, slots, m, 256)
+        x = np.asarray(fresh, np.float32).reshape(-1, self.slots, self.dim)
+        slack = np.asarray(np.broadcast_to(tolerance, fresh.shape), np.float32).reshape(-1, self.slots, self.dim)
+        if self.rotated:
+            # Codes are of y = x @ A.T: a value of y moves by at most sum_d |A[e, d]| slack_d, plus the rounding
+            # of a float32 dot product (the build rotated with torch, this with numpy).
+            magnitude = np.abs(self._rotation())
+            slack = np.einsum("nsd,sed->nse", slack, magnitude) + 1e-5 * np.einsum("nsd,sed->nse", np.abs(x), magnitude)
+            x = np.einsum("nsd,sed->nse", x, self._rotation())
+        subs = x.reshape(-1, self.slots, self.m, 1, self.dsub)
+        sub_slack = slack.reshape(-1, self.slots, self.m, self.dsub)
+        dist = ((subs - table[None]) ** 2).sum(-1)  # (n, slots, m, 256)
         codes = rows.reshape(-1, self.slots, self.m).astype(np.intp)
         got = np.take_along_axis(dist, codes[..., None], -1)[..., 0]
         best = dist.min(-1)
-        err = np.sqrt((slack**2).sum(-1))  # how far a sub-vector may have moved
+        err = np.sqrt((sub_slack**2).sum(-1))  # how far a sub-vector may have moved
         allowed = best + 2 * err * (np.sqrt(got) + np.sqrt(best)) + err**2 + 1e-6 * best
         bad = np.flatnonzero(got > allowed)
         if not len(bad):
@@ -312,8 +392,9 @@ def pq_live_as_cached(
 def load_codebooks(
     where: Any, meta: Mapping[str, Any], quantization: ProductQuantization, array: Any, sums: Any
 ) -> ProductQuantization:
-    """``quantization`` with the cache's codebooks ``array`` read whole (a few MB at most) and checked against
-    their block sums ``sums`` when the cache has block sums: a flipped bit is an error at open, not wrong vectors."""
+    """``quantization`` with the cache's codebooks ``array`` read whole (15 MiB for opq of the Original model's three
+    layers, rotations included) and checked against their block sums ``sums`` when the cache has block sums: a
+    flipped bit is an error at open, not wrong vectors."""
     from elmo_cache.store._blocksums import block_sums
     from elmo_cache.store.format import SMALL_BLOCK_ROWS
 

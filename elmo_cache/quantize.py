@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.store.format import QUANTIZED_DTYPES, SCALE_BYTES
+from elmo_cache.store.format import PRODUCT_SCHEMES, QUANTIZED_DTYPES, SCALE_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -48,8 +48,8 @@ __all__ = [
     "live_as_cached",
 ]
 
-QUANTIZE_CHOICES = ("none", "int8", "pq:M")
-"""Valid ``--quantize`` values ("none": float vectors, as before; "pq:M": elmo_cache.pq, M a number)."""
+QUANTIZE_CHOICES = ("none", "int8", "pq:M", "opq:M")
+"""Valid ``--quantize`` values ("none": float vectors, as before; "pq:M", "opq:M": elmo_cache.pq, M a number)."""
 
 # The largest code: symmetric, so -128 is never used and negation is exact.
 _QMAX = 127.0
@@ -58,13 +58,13 @@ assert sys.byteorder == "little", "quantised caches are written on little-endian
 
 
 def parse_quantize(value: str | None) -> str | None:
-    """``--quantize`` as a scheme name (``int8``, ``pq:M``), or None for float vectors; anything else is an error
-    listing the choices (whether M divides the model's width is checked once the model is known)."""
-    from elmo_cache.pq import parse_pq, pq_choices
+    """``--quantize`` as a scheme name (``int8``, ``pq:M``, ``opq:M``), or None for float vectors; anything else is
+    an error listing the choices (whether M divides the model's width is checked once the model is known)."""
+    from elmo_cache.pq import parse_product, pq_choices
 
     if value is None or value == "none":
         return None
-    if value != "int8" and parse_pq(value) is None:
+    if value != "int8" and parse_product(value) is None:
         raise InvalidParameterError(
             f"quantize: {value!r} is not valid; choose from {list(QUANTIZE_CHOICES)} ({pq_choices()})"
         )
@@ -73,11 +73,14 @@ def parse_quantize(value: str | None) -> str | None:
 
 def make_quantization(name: str, dim: int, slots: int) -> Any:
     """The quantisation ``name`` (:func:`parse_quantize`'s) of rows of ``slots`` vectors of ``dim`` values:
-    a :class:`Quantization`, or an untrained :class:`elmo_cache.pq.ProductQuantization`."""
-    from elmo_cache.pq import ProductQuantization, parse_pq
+    a :class:`Quantization`, or an untrained :class:`elmo_cache.pq.ProductQuantization` (pq or opq)."""
+    from elmo_cache.pq import ProductQuantization, parse_product
 
-    m = parse_pq(name)
-    return Quantization(name, dim) if m is None else ProductQuantization(dim, m, slots)
+    product = parse_product(name)
+    if product is None:
+        return Quantization(name, dim)
+    scheme, m = product
+    return ProductQuantization(dim, m, slots, scheme=scheme)
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def quantization_of(meta: Mapping[str, Any], codebooks: Any = None) -> Any:
         return None
     scheme = raw.get("scheme") if isinstance(raw, Mapping) else None
     dim = int(meta.get("dim") or 0)
-    if scheme == "pq":
+    if scheme in PRODUCT_SCHEMES:
         from elmo_cache.pq import ProductQuantization
 
         slots = len(meta.get("layers") or []) if meta.get("kind") == "layers" else 1
@@ -225,16 +228,16 @@ def quantization_of(meta: Mapping[str, Any], codebooks: Any = None) -> Any:
     if scheme not in QUANTIZED_DTYPES or raw.get("scale") != "float32":
         raise CacheFormatError(
             f"metadata quantization {raw!r} is not one this elmo-cache reads "
-            f"(int8 with float32 scales, or pq); upgrade elmo-cache"
+            f"(int8 with float32 scales, pq or opq); upgrade elmo-cache"
         )
     return Quantization(scheme, dim)
 
 
 def quantization_for_reading(where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> Any:
-    """:func:`quantization_of` for a reader: a pq cache's codebooks read from ``optional`` (the cache's
-    optional arrays and their block sums, by name) and checked now, so decoding needs nothing more."""
+    """:func:`quantization_of` for a reader: a pq or opq cache's codebooks (and rotations) read from ``optional``
+    (the cache's optional arrays and their block sums, by name) and checked now, so decoding needs nothing more."""
     quantization = quantization_of(meta)
-    if getattr(quantization, "scheme", None) != "pq":
+    if getattr(quantization, "scheme", None) not in PRODUCT_SCHEMES:
         return quantization
     from elmo_cache.pq import load_codebooks
     from elmo_cache.store.format import CODEBOOKS
@@ -287,7 +290,7 @@ def live_as_cached(
     selection (a mix of stored layers is then computed from rounded layers, as from the cache); a mixed
     cache rounds its mix, so only that mix is rounded (any other is not in the cache anyway).
     """
-    if quantization.scheme == "pq":
+    if quantization.scheme in PRODUCT_SCHEMES:
         from elmo_cache.pq import pq_live_as_cached
 
         return pq_live_as_cached(acts, selection, stored, quantization, dtype)

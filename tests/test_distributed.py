@@ -130,16 +130,20 @@ def test_quantized_byte_equal_to_build(tiny_model, corpus, tmp_path):
     assert verify(output).ok
 
 
-def test_pq_codebooks_trained_once_on_the_cluster_and_byte_equal_to_build(tiny_model, corpus, tmp_path, monkeypatch):
-    """pq: a Ray task trains the codebooks from the first pass's windows (the driver loads no model), every
-    worker reads them from the staging, a resume reuses them, and the cache is the local one's byte for byte."""
+@pytest.mark.parametrize(("quantize", "extra"), [("pq:8", {}), ("opq:4", {"layers": "2"})])
+def test_pq_codebooks_trained_once_on_the_cluster_and_byte_equal_to_build(
+    tiny_model, corpus, tmp_path, monkeypatch, quantize, extra
+):
+    """pq and opq: a Ray task trains the codebooks (and rotations) from the first pass's windows (the driver loads
+    no model), every worker reads them from the staging, a resume reuses them, and the cache is the local one's
+    byte for byte (opq: one layer, to keep its training short)."""
     pytest.importorskip("faiss")
     from elmo_cache import Encoder
 
     reference = tmp_path / "ref.zarr"
-    build(corpus, options(tiny_model, reference, quantize="pq:8", dedupe=True))
+    build(corpus, options(tiny_model, reference, quantize=quantize, dedupe=True, **extra))
     output = tmp_path / "ray.zarr"
-    opts = options(tiny_model, output, quantize="pq:8", dedupe=True)
+    opts = options(tiny_model, output, quantize=quantize, dedupe=True, **extra)
     monkeypatch.setenv(FAIL_PART_ENV, "1")
 
     def no_loading(*args, **kwargs):
@@ -156,7 +160,7 @@ def test_pq_codebooks_trained_once_on_the_cluster_and_byte_equal_to_build(tiny_m
     assert_same_cache(output, reference)
     monkeypatch.undo()
     cache = elmo_cache.open(output)
-    assert cache.stored_dtype == np.uint8 and cache.quantization.codebooks.tobytes() == first
+    assert cache.stored_dtype == np.uint8 and cache.quantization.parameters().tobytes() == first
     assert verify(output, corpus=corpus).ok
 
 

@@ -75,7 +75,9 @@ def test_codes_are_the_nearest_centroids_per_slot_and_layout_is_kept():
 def test_bad_pq_values_and_widths_are_named():
     assert parse_quantize("pq:8") == "pq:8"
     for bad in ("pq:0", "pq:x", "pq:", "pq:-4", "pq8"):
-        with pytest.raises(InvalidParameterError, match=r"choose from \['none', 'int8', 'pq:M'\] \(pq:M, M sub-quant"):
+        with pytest.raises(
+            InvalidParameterError, match=r"choose from \['none', 'int8', 'pq:M', 'opq:M'\] \(pq:M, M sub-quant"
+        ):
             parse_quantize(bad)
     with pytest.raises(
         InvalidParameterError, match=r"pq:5 does not divide the model's width 32.*M in \[1, 2, 4, 8, 16, 32\]"
@@ -159,7 +161,8 @@ def test_a_width_not_divisible_by_m_is_refused_before_anything_is_written(tmp_pa
               str(tiny_model[0]), "--weight-file", str(tiny_model[1])],
     )  # fmt: skip
     assert (
-        result.exit_code != 0 and "quantize: 'pq:x' is not valid; choose from ['none', 'int8', 'pq:M']" in result.output
+        result.exit_code != 0
+        and "quantize: 'pq:x' is not valid; choose from ['none', 'int8', 'pq:M', 'opq:M']" in result.output
     )
 
 

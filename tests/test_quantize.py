@@ -64,7 +64,7 @@ def test_a_non_finite_vector_reads_back_non_finite():
 def test_bad_choices_are_named():
     assert parse_quantize(None) is None and parse_quantize("none") is None and parse_quantize("int8") == "int8"
     with pytest.raises(
-        InvalidParameterError, match=r"quantize: 'foo' is not valid; choose from \['none', 'int8', 'pq:M'\]"
+        InvalidParameterError, match=r"quantize: 'foo' is not valid; choose from \['none', 'int8', 'pq:M', 'opq:M'\]"
     ):
         parse_quantize("foo")
 
@@ -136,14 +136,15 @@ def test_verify_sample_finds_vectors_off_by_more_than_half_a_step(tmp_path, tiny
 def test_quantize_with_fp16_and_bad_names_are_refused(tmp_path, tiny_encoder, corpus, tiny_model):
     with pytest.raises(InvalidParameterError, match=r"--fp16 .*does not apply"):
         build(corpus, BuildOptions(output=tmp_path / "x.zarr", quantize="int8", fp16=True), encoder=tiny_encoder)
-    with pytest.raises(InvalidParameterError, match=r"choose from \['none', 'int8', 'pq:M'\]"):
+    with pytest.raises(InvalidParameterError, match=r"choose from \['none', 'int8', 'pq:M', 'opq:M'\]"):
         build(corpus, BuildOptions(output=tmp_path / "x.zarr", quantize="int4"), encoder=tiny_encoder)
     result = CliRunner().invoke(
         cli, ["build", str(corpus), "-o", str(tmp_path / "y.zarr"), "--quantize", "foo", "--options-file",
               str(tiny_model[0]), "--weight-file", str(tiny_model[1])],
     )  # fmt: skip
     assert (
-        result.exit_code != 0 and "quantize: 'foo' is not valid; choose from ['none', 'int8', 'pq:M']" in result.output
+        result.exit_code != 0
+        and "quantize: 'foo' is not valid; choose from ['none', 'int8', 'pq:M', 'opq:M']" in result.output
     )
     assert not (tmp_path / "y.zarr").exists()
 

@@ -1,4 +1,5 @@
-"""The codebooks of a product-quantised build (``--quantize pq:M``): trained once, before any row is written.
+"""The codebooks of a product-quantised build (``--quantize pq:M``, ``opq:M``): trained once, before any row is
+written. An opq build's rotations are trained with them and staged, stored and checked as their tail.
 
 Both engines call :func:`ensure_codebooks` when their run starts: the codebooks staged by an
 interrupted build are reused (checked against their CRC-32 and the build's quantisation), else they
@@ -11,7 +12,9 @@ The training sample is a function of the corpus, the model and the options alone
 window exactly as the build encodes them (:class:`~elmo_cache.builder.encoding.WindowEncoder`, float32,
 before quantisation), so the local engine and a Ray task on the same device type see the same floats.
 faiss k-means then runs with a fixed seed and one OpenMP thread (its results may change with the
-thread count), so the same sample gives the same codebooks, byte for byte, in any process.
+thread count), so the same sample gives the same codebooks, byte for byte, in any process. For opq, faiss's
+OPQMatrix first learns each slot's rotation (its random start and inner k-means are seeded too), then the
+codebooks are trained as for pq on the rotated sample.
 """
 
 from __future__ import annotations
@@ -82,8 +85,7 @@ def staged_codebooks(staging: Path, quantization: ProductQuantization) -> Produc
 
 def _stage(staging: Path, trained: ProductQuantization) -> None:
     values, info_path = _paths(staging)
-    assert trained.codebooks is not None
-    data = np.ascontiguousarray(trained.codebooks, dtype="<f4").reshape(-1)
+    data = trained.parameters()
     tmp = values.with_suffix(".tmp")
     data.tofile(tmp)
     fsync_path(tmp)
@@ -153,29 +155,54 @@ def require_faiss() -> Any:
 def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> ProductQuantization:
     """``quantization`` with codebooks trained on ``sample`` ``(n, slots, dim)``: per slot, faiss's
     ProductQuantizer (k-means of 256 centroids per sub-space, ``training.seed``, ``training.iterations``),
-    on one OpenMP thread. A sample of fewer than 256 vectors is repeated up to 256 (k-means needs as many
-    points as centroids): its vectors then become centroids and are stored almost exactly."""
+    on one OpenMP thread; for opq, on the sample rotated by the slot's rotation, learned first by faiss's
+    OPQMatrix (``training.rotation_iterations``). A sample of fewer than 256 vectors is repeated up to 256
+    (k-means needs as many points as centroids): its vectors then become centroids and are stored almost exactly."""
     faiss = require_faiss()
     if len(sample) == 0:
         sample = np.zeros((1, quantization.slots, quantization.dim), np.float32)  # an empty corpus: any codebooks
     if len(sample) < CENTROIDS:
         sample = np.resize(sample, (CENTROIDS, *sample.shape[1:]))
-    training = quantization.training
     out = np.empty(quantization.codebook_shape, np.float32)
+    rotations = np.empty(quantization.rotation_shape, np.float32) if quantization.rotated else None
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:
         for slot in range(quantization.slots):
-            pq = faiss.ProductQuantizer(quantization.dim, quantization.m, 8)
-            pq.cp.seed = training.seed
-            pq.cp.niter = training.iterations
-            pq.verbose = False
-            pq.cp.min_points_per_centroid = 1  # a small sample is expected (a small corpus): no warning on stderr
-            pq.train(np.ascontiguousarray(sample[:, slot], dtype=np.float32))
+            x = np.ascontiguousarray(sample[:, slot], dtype=np.float32)
+            if rotations is not None:
+                rotations[slot] = _train_rotation(faiss, x, quantization)
+                x = np.ascontiguousarray(x @ rotations[slot].T)  # y = x A^T, the vectors the codes are of
+            pq = _product_quantizer(faiss, quantization, quantization.training.iterations)
+            pq.train(x)
             out[slot] = faiss.vector_to_array(pq.centroids).reshape(quantization.m, CENTROIDS, quantization.dsub)
     finally:
         faiss.omp_set_num_threads(threads)
-    return quantization.with_codebooks(out)
+    return quantization.with_codebooks(out) if rotations is None else quantization.with_rotation(out, rotations)
+
+
+def _product_quantizer(faiss: Any, quantization: ProductQuantization, iterations: int) -> Any:
+    pq = faiss.ProductQuantizer(quantization.dim, quantization.m, 8)
+    pq.cp.seed = quantization.training.seed
+    pq.cp.niter = iterations
+    pq.verbose = False
+    pq.cp.min_points_per_centroid = 1  # a small sample is expected (a small corpus): no warning on stderr
+    return pq
+
+
+def _train_rotation(faiss: Any, x: np.ndarray, quantization: ProductQuantization) -> np.ndarray:
+    """One slot's OPQ rotation ``A`` (dim x dim, float32) learned on ``x`` by faiss's OPQMatrix: alternately a
+    PQ of the rotated vectors (its k-means seeded with ``training.seed``) and the orthogonal Procrustes
+    rotation best mapping the vectors onto their PQ reconstructions."""
+    opq = faiss.OPQMatrix(quantization.dim, quantization.m)
+    opq.niter = quantization.training.rotation_iterations
+    opq.max_train_points = len(x)  # the whole sample (faiss would otherwise subsample above 65,536)
+    opq.verbose = False
+    # OPQMatrix sets its PQ's iterations itself; ours carries the seed and the quiet small-sample setting.
+    inner = _product_quantizer(faiss, quantization, quantization.training.iterations)
+    opq.pq = inner
+    opq.train(x)
+    return faiss.vector_to_array(opq.A).reshape(quantization.dim, quantization.dim).astype(np.float32)
 
 
 def ensure_codebooks(
@@ -208,14 +235,15 @@ def train_in_process(
 
 def final_arrays(staging: Path, plan: Plan, dim: int) -> dict[str, np.ndarray]:
     """The arrays a finished cache of ``plan`` holds beyond the usual ones: a pq cache's codebooks (from the
-    staging, checked), flattened into :data:`~elmo_cache.store.format.CODEBOOKS`; else none."""
+    staging, checked), flattened into :data:`~elmo_cache.store.format.CODEBOOKS` (an opq cache's rotations
+    after them); else none."""
     quantization = plan.quantization(dim)
     if not isinstance(quantization, ProductQuantization):
         return {}
     staged = staged_codebooks(staging, quantization)
     if staged is None or staged.codebooks is None:
         raise CacheFormatError(f"{staging}: the build's codebooks are missing; rerun with --overwrite")
-    return {CODEBOOKS: np.ascontiguousarray(staged.codebooks, dtype="<f4").reshape(-1)}
+    return {CODEBOOKS: staged.parameters()}
 
 
 def _train_for_part_job(job: Any) -> None:

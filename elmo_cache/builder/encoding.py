@@ -22,6 +22,7 @@ from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
 from elmo_cache.pooling import pool_batch
+from elmo_cache.store.format import PRODUCT_SCHEMES
 
 if TYPE_CHECKING:
     from elmo_cache.encoder import Encoder
@@ -113,7 +114,7 @@ class WindowEncoder:
         self.pooled_shape = (
             None if self.pooling is None else self.pooling.shape(plan.selection.row_shape(encoder.output_dim))
         )
-        if getattr(self.quantization, "scheme", None) == "pq":  # its codebooks, trained before any row is written
+        if getattr(self.quantization, "scheme", None) in PRODUCT_SCHEMES:  # codebooks trained before any row is written
             from elmo_cache.builder.codebooks import staged_codebooks
             from elmo_cache.errors import CacheFormatError
             from elmo_cache.store.format import staging_path

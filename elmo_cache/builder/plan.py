@@ -30,6 +30,7 @@ from elmo_cache.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     POOL_ONLY_FORMAT_VERSION,
+    PRODUCT_SCHEMES,
     QUANTIZED_DTYPES,
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
@@ -150,7 +151,7 @@ class Plan:
     compression: str | None
     # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
     shard_rows: int | None = None
-    # Quantisation of the stored vectors ("int8", "pq:M"; elmo_cache.quantize), None for floats; dtype is then
+    # Quantisation of the stored vectors ("int8", "pq:M", "opq:M"; elmo_cache.quantize), None for floats; dtype is then
     # the scheme's (QUANTIZED_DTYPES).
     quantize: str | None = None
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
@@ -265,7 +266,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             "storage) does not apply; drop one of them"
         )
     scheme = None if quantize is None else quantize.split(":")[0]
-    if scheme == "pq":
+    if scheme in PRODUCT_SCHEMES:
         from elmo_cache.builder.codebooks import require_faiss
 
         require_faiss()

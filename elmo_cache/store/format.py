@@ -44,6 +44,8 @@ __all__ = [
     "VECTOR_DTYPES",
     "POOLED_CHUNK_BLOCKS",
     "QUANTIZED_DTYPE",
+    "OPQ_ROTATION",
+    "PRODUCT_SCHEMES",
     "QUANTIZATION_SCHEMES",
     "QUANTIZED_DTYPES",
     "SCALE_BYTES",
@@ -118,7 +120,8 @@ POOLED_ARRAY = "pooled"
 """The pooled sentence vectors of a cache built with ``--pool`` (one row per sentence; metadata ``pool``)."""
 
 CODEBOOKS = "quantization/codebooks"
-"""A product-quantised cache's centroids (float32, 1-D; metadata ``quantization``, FORMAT.md)."""
+"""A product-quantised cache's centroids, and for ``opq`` its rotations after them (float32, 1-D; metadata
+``quantization``, FORMAT.md)."""
 
 OPTIONAL_ARRAYS = (POOLED_ARRAY, CODEBOOKS)
 """Arrays only some caches hold (their metadata says so); covered by checksums and block sums like the
@@ -159,11 +162,18 @@ VECTOR_DTYPES = ("float16", "float32")
 QUANTIZED_DTYPE = "int8"
 """Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.quantize)."""
 
-QUANTIZATION_SCHEMES = ("int8", "pq")
+QUANTIZATION_SCHEMES = ("int8", "pq", "opq")
 """Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector;
-``pq``, one uint8 code per sub-vector and the codebooks in :data:`CODEBOOKS`."""
+``pq``, one uint8 code per sub-vector and the codebooks in :data:`CODEBOOKS`; ``opq``, the same codes of the
+vector after an orthonormal rotation, the rotations stored after the centroids in :data:`CODEBOOKS`."""
 
-QUANTIZED_DTYPES = {"int8": QUANTIZED_DTYPE, "pq": "uint8"}
+PRODUCT_SCHEMES = ("pq", "opq")
+"""The product-quantised schemes (elmo_cache.pq): codes of sub-vectors, codebooks in :data:`CODEBOOKS`."""
+
+OPQ_ROTATION = "after-centroids"
+"""Metadata ``quantization.rotation`` of an ``opq`` cache: where its rotations are (FORMAT.md)."""
+
+QUANTIZED_DTYPES = {"int8": QUANTIZED_DTYPE, "pq": "uint8", "opq": "uint8"}
 """Storage dtype of ``vectors`` for each quantisation scheme."""
 
 SCALE_BYTES = 4
@@ -275,11 +285,13 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
         scheme not in QUANTIZATION_SCHEMES
         or raw.get("dtype") != QUANTIZED_DTYPES[scheme]
         or (scheme == "int8" and quantization.get("scale") != "float32")
-        or (scheme == "pq" and quantization.get("codebooks") != CODEBOOKS)
+        or (scheme in PRODUCT_SCHEMES and quantization.get("codebooks") != CODEBOOKS)
+        or (scheme == "opq" and quantization.get("rotation") != OPQ_ROTATION)
     ):
         problems.append(
             f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected 'int8' with 'scale': "
-            f"'float32' and dtype 'int8', or 'pq' with 'codebooks': {CODEBOOKS!r} and dtype 'uint8'; a newer "
+            f"'float32' and dtype 'int8', or 'pq' or 'opq' with 'codebooks': {CODEBOOKS!r} (opq: and 'rotation': "
+            f"{OPQ_ROTATION!r}) and dtype 'uint8'; a newer "
             "elmo-cache may read it)"
         )
     pool = raw.get("pool")
