@@ -2,6 +2,8 @@
 
     python benchmarks/probe_quality.py --wordnet /usr/share/wordnet                   # bundled model
     python benchmarks/probe_quality.py --model DIR --wordnet DIR --heldout heldout.txt
+    python benchmarks/probe_quality.py --wordnet DIR --probes wsd,pos --quantize int8 --quantize opq:64 \
+        --train-text train.txt       # as quantised caches return the vectors
 
 (a) **wsd**: word sense disambiguation by 1-nearest-neighbour, as in the ELMo paper (Peters et
     al. 2018, sec. 5.3): for each sense of a lemma, the mean of the target word's vectors in
@@ -38,7 +40,9 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,9 +53,12 @@ from _machine import describe_machine
 from _wordnet import Example, WordNetMissingError, check_wordnet_dir, collect_examples, split_of
 
 from elmo_cache import Encoder
+from elmo_cache.builder.codebooks import train_codebooks
+from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
 from elmo_cache.model.random_model import write_random_model
-from elmo_cache.quantize import Quantization
+from elmo_cache.pq import ProductQuantization, Training
+from elmo_cache.quantize import make_quantization, parse_quantize
 
 LAYERS = (0, 1, 2)
 L2 = 1e-2  # logistic-regression penalty, fixed in advance (never tuned on a test split)
@@ -123,6 +130,38 @@ def target_vectors(encoder: Encoder, examples: list[Example]) -> np.ndarray:
     for k, vectors in enumerate(encoder.embed_sentences([list(ex.tokens) for ex in examples])):
         out[k] = vectors[:, examples[k].index]
     return out
+
+
+def quantizations(encoder: Encoder, args: argparse.Namespace) -> dict[str, Any]:
+    """``--quantize``'s schemes, ready to round vectors ``(n, 3, dim)``: pq/opq codebooks trained as a build of
+    ``--train-text`` trains them (its first ``--train-vectors`` token rows, all three layers)."""
+    out: dict[str, Any] = {}
+    sample = None
+    for name in args.quantize:
+        quantization = make_quantization(name, encoder.output_dim, encoder.n_layers)
+        if isinstance(quantization, ProductQuantization):
+            if sample is None:
+                sample = _training_rows(encoder, args.train_text, args.train_vectors)
+            start = time.perf_counter()
+            quantization = train_codebooks(sample, replace(quantization, training=Training(vectors=len(sample))))
+            print(f"trained  {name} codebooks on {len(sample)} rows of {args.train_text} in "
+                  f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+        out[name] = quantization
+    return out
+
+
+def _training_rows(encoder: Encoder, text: Path, n: int) -> np.ndarray:
+    """The first ``n`` token rows ``(n, 3, dim)`` of ``text``'s sentences, in line order."""
+    rows: list[np.ndarray] = []
+    have = 0
+    with text.open(encoding="utf-8") as lines:
+        sentences = (line.split() for line in lines)
+        for vectors in encoder.embed_sentences(sentences):
+            rows.append(vectors.transpose(1, 0, 2))
+            have += vectors.shape[1]
+            if have >= n:
+                break
+    return np.ascontiguousarray(np.concatenate(rows)[:n])
 
 
 def nearest_sense(
@@ -275,12 +314,17 @@ def print_wsd(results: dict, counts: dict) -> None:
         f"({counts['test_unseen_sense']} test examples of senses without training examples dropped)"
     )
     print("| vectors | layer 0 | layer 1 | layer 2 |\n|---|---|---|---|")
-    for name in ("model", "model int8", "random"):
-        if name in results:
-            print(f"| {name} | " + " | ".join(_pct(results[name][j]) for j in LAYERS) + " |")
+    for name in _vector_names(results):
+        print(f"| {name} | " + " | ".join(_pct(results[name][j]) for j in LAYERS) + " |")
     print(f"| most frequent training sense | {_pct(results['mfs'])} | | |")
     print(f"| WordNet first sense | {_pct(results['wordnet_first'])} | | |")
     print(_interval(counts["test"]))
+
+
+def _vector_names(results: dict) -> list[str]:
+    """The rows of vectors in a result, in print order: the model, its quantised forms, the random floor."""
+    quantised = sorted(name for name in results if name.startswith("model "))
+    return [name for name in ("model", *quantised, "random") if name in results]
 
 
 def print_pos(results: dict, counts: dict) -> None:
@@ -290,9 +334,8 @@ def print_pos(results: dict, counts: dict) -> None:
     print("| split | train / test | vectors | layer 0 | layer 1 | layer 2 |\n|---|---|---|---|---|---|")
     for split, row in results.items():
         sizes = f"{row['n_train']} / {row['n_test']}"
-        for name in ("model", "model int8", "random"):
-            if name in row:
-                print(f"| {split} | {sizes} | {name} | " + " | ".join(_pct(row[name][j]) for j in LAYERS) + " |")
+        for name in _vector_names(row):
+            print(f"| {split} | {sizes} | {name} | " + " | ".join(_pct(row[name][j]) for j in LAYERS) + " |")
         print(f"| {split} | {sizes} | majority class | {_pct(row['majority'])} | | |")
         print(f"| {split} | {sizes} | memorised word | {_pct(row['memorised_word'])} | | |")
     print(", ".join(_interval(row["n_test"]) + f" ({split})" for split, row in results.items()))
@@ -327,9 +370,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: shared machines)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
-        "--quantize", action="store_true", help="also probe the model's vectors as an int8 cache holds them"
+        "--quantize",
+        action="append",
+        default=[],
+        metavar="SCHEME",
+        help="also probe the model's vectors as a cache quantised so returns them: int8, pq:M or opq:M (repeatable)",
+    )
+    parser.add_argument(
+        "--train-text",
+        type=Path,
+        default=None,
+        help="pq/opq: text whose first token rows train the codebooks, as a build of it would (one sentence a line)",
+    )
+    parser.add_argument(
+        "--train-vectors", type=int, default=Training().vectors, help="pq/opq: token rows of the training sample"
     )
     args = parser.parse_args(argv)
+    try:
+        args.quantize = [parse_quantize(name) for name in args.quantize]
+    except InvalidParameterError as error:
+        parser.error(str(error))
+    if any(name != "int8" for name in args.quantize) and args.train_text is None:
+        parser.error("--quantize pq:M / opq:M needs --train-text (the text its codebooks are trained on)")
     torch.set_num_threads(args.threads)
     probes = set(args.probes.split(","))
     print(f"command  {' '.join(sys.argv)}")
@@ -362,9 +424,9 @@ def main(argv: list[str] | None = None) -> dict:
         rows = (wsd[0] + wsd[1] if wsd else []) + (pos[0] if pos else [])
         start = time.perf_counter()
         vectors = {name: target_vectors(enc, rows) for name, enc in encoders.items()}
-        if args.quantize:
-            # The vectors a --quantize int8 cache returns: each (layer, token) vector quantised and decoded.
-            vectors["model int8"] = Quantization("int8", encoders["model"].output_dim).roundtrip(vectors["model"])
+        for name, quantization in quantizations(encoders["model"], args).items():
+            # The vectors a cache of this quantisation returns: each (layer, token) vector quantised and decoded.
+            vectors[f"model {name}"] = quantization.roundtrip(vectors["model"])
         print(f"encoded  {len(rows)} examples with {len(encoders)} models in {time.perf_counter() - start:.0f} s")
         n_wsd = len(wsd[0]) + len(wsd[1]) if wsd else 0
         if wsd:
