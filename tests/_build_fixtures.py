@@ -75,3 +75,18 @@ def without_timings(meta: dict) -> dict:
         build.pop(key, None)
     meta["build"] = build
     return meta
+
+
+def assert_same_cache(output: Path, reference: Path) -> dict[str, np.ndarray]:
+    """``output`` holds ``reference``'s metadata (but for the output path and timings) and every one of its arrays,
+    dtype and bytes; returns ``output``'s arrays for further checks."""
+    meta_ref, arrays_ref = raw_arrays(reference)
+    meta_out, arrays_out = raw_arrays(output)
+    for meta in (meta_ref, meta_out):
+        meta["build"]["args"].pop("output", None)  # the only intended difference
+    assert without_timings(meta_out) == without_timings(meta_ref)
+    assert sorted(arrays_out) == sorted(arrays_ref)
+    for name, want in arrays_ref.items():
+        assert arrays_out[name].dtype == want.dtype, name
+        np.testing.assert_array_equal(arrays_out[name], want, err_msg=name)
+    return arrays_out

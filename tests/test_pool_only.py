@@ -15,7 +15,7 @@ from elmo_cache.builder.poolonly import full_output
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store.format import POOL_ONLY_FORMAT_VERSION
 from elmo_cache.verify import verify
-from tests._build_fixtures import corpus_lines, raw_arrays, without_timings, write_corpus
+from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 
 LINES = corpus_lines(30, seed=8)
 
@@ -131,14 +131,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encod
         assert not output.exists()
     summary = build(corpus, BuildOptions(output=output, pool_only=True, **options), encoder=tiny_encoder)
     assert summary.resumed_from > 0 and summary.n_rows == 0
-    meta_ref, ref = raw_arrays(reference)
-    meta_out, out = raw_arrays(output)
-    for meta in (meta_ref, meta_out):
-        meta["build"]["args"].pop("output")  # the only intended difference
-    assert without_timings(meta_out) == without_timings(meta_ref)
-    assert sorted(ref) == sorted(out)
-    for name in ref:
-        assert ref[name].dtype == out[name].dtype and ref[name].tobytes() == out[name].tobytes(), name
+    assert_same_cache(output, reference)
     assert verify(output).ok
 
 

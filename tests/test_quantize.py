@@ -17,7 +17,7 @@ from elmo_cache.quantize import Quantization, QuantizedSentence, parse_quantize
 from elmo_cache.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify import verify
-from tests._build_fixtures import corpus_lines, raw_arrays, without_timings, write_corpus
+from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 from tests.test_resume import failing_on
 
 MIX = MixSpec.from_raw([0.2, 0.3, 0.5], gamma=1.5)
@@ -169,13 +169,7 @@ def test_resume_after_crashes_equals_an_uninterrupted_quantized_build(tmp_path, 
     assert staging_path(output).exists()
     summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
     assert summary.resumed_from > 0 and summary.n_sentences == 120
-    meta_ref, arrays_ref = raw_arrays(reference)
-    meta_out, arrays_out = raw_arrays(output)
-    for meta in (meta_ref, meta_out):
-        meta["build"]["args"].pop("output")
-    assert without_timings(meta_out) == without_timings(meta_ref)
-    for name in arrays_ref:
-        np.testing.assert_array_equal(arrays_out[name], arrays_ref[name], err_msg=name)
+    arrays_out = assert_same_cache(output, reference)
     assert arrays_out["vectors"].dtype == np.int8 and verify(output).ok
     # A finished quantised cache is not rebuilt as floats without --overwrite either.
     with pytest.raises(CacheExistsError, match="quantization"):
