@@ -64,16 +64,26 @@ def test_overlapping_forwards_in_threads_restore_once_the_last_ends(tf32_everywh
 
 
 def test_a_torch_without_recompile_limit_compiles_the_cell_without_it(monkeypatch):
-    calls = []
+    """torch.compile before 2.13 has no recompile_limit argument: the cell still compiles, and the process-wide
+    limit is raised only while the cell runs."""
+    calls, limits = [], []
+    config = torch._dynamo.config
 
     def old_compile(function, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None):
         calls.append(dynamic)
-        return function
+
+        def compiled(*args):
+            limits.append(config.recompile_limit)
+            return function(*args)
+
+        return compiled
 
     monkeypatch.setattr(torch, "compile", old_compile)
+    before = config.recompile_limit
     cell = bilm.FusedCell()
     gates_x, gates_h = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
     c_prev = torch.randn(2, 4, 4)
     hidden, state = cell(gates_x, 1, gates_h, c_prev, 3.0)
     assert calls == [True] and not cell.failed
+    assert limits == [max(bilm.RECOMPILE_LIMIT, before)] and config.recompile_limit == before
     torch.testing.assert_close((hidden, state), bilm._lstm_cell(gates_x, 1, gates_h, c_prev, 3.0))

@@ -250,14 +250,29 @@ def _lstm_cell(
     return sig[..., 2 * d :] * torch.tanh(cell), cell
 
 
+# Compiled versions of the LSTM cell dynamo may keep (torch's default is 8).
+RECOMPILE_LIMIT = 64
+
+
 def _compile(function: Any) -> Any:
     """``torch.compile`` with shapes left dynamic. A build meets more specialisations of the cell's inputs than
-    torch's default of 8 compiled versions: torch 2.13 takes a per-function ``recompile_limit``; older releases
-    (2.11 on a lent GPU machine, 2.5 in the Docker image) have no such argument, and there dynamo runs the
-    shapes past its limit eagerly (same numbers) instead of failing."""
+    torch's default of 8 compiled versions: torch 2.13 takes a per-function ``recompile_limit``. Older releases
+    (2.11 on a lent GPU machine, 2.5 in the Docker image) have no such argument: there the process-wide limit
+    (``recompile_limit``, ``cache_size_limit`` before 2.6) is raised while the cell runs, which is when dynamo
+    reads it, so that other compiled code keeps its own."""
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        return torch.compile(function, dynamic=True, recompile_limit=64)  # type: ignore[call-overload]
-    return torch.compile(function, dynamic=True)
+        return torch.compile(function, dynamic=True, recompile_limit=RECOMPILE_LIMIT)  # type: ignore[call-overload]
+    compiled = torch.compile(function, dynamic=True)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if not hasattr(config, name):
+        return compiled
+
+    def with_limit(*args: Any) -> Any:
+        with config.patch(**{name: max(RECOMPILE_LIMIT, getattr(config, name))}):
+            return compiled(*args)
+
+    return with_limit
 
 
 class FusedCell:
