@@ -71,16 +71,18 @@ def parse_quantize(value: str | None) -> str | None:
     return value
 
 
-def make_quantization(name: str, dim: int, slots: int) -> Any:
+def make_quantization(name: str, dim: int, slots: int, sample: int | None = None) -> Any:
     """The quantisation ``name`` (:func:`parse_quantize`'s) of rows of ``slots`` vectors of ``dim`` values:
-    a :class:`Quantization`, or an untrained :class:`elmo_cache.pq.ProductQuantization` (pq or opq)."""
-    from elmo_cache.pq import ProductQuantization, parse_product
+    a :class:`Quantization`, or an untrained :class:`elmo_cache.pq.ProductQuantization` (pq or opq) whose
+    codebooks will be trained on ``sample`` token rows (None: the default of :class:`elmo_cache.pq.Training`)."""
+    from elmo_cache.pq import ProductQuantization, Training, parse_product
 
     product = parse_product(name)
     if product is None:
         return Quantization(name, dim)
     scheme, m = product
-    return ProductQuantization(dim, m, slots, scheme=scheme)
+    training = Training() if sample is None else Training(vectors=sample)
+    return ProductQuantization(dim, m, slots, training, scheme=scheme)
 
 
 @dataclass(frozen=True)

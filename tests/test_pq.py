@@ -4,6 +4,8 @@ checked (verify and the reader catch a flipped bit), Dataset/collate, export, th
 
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -157,6 +159,34 @@ def test_verify_sample_finds_codes_that_are_not_the_nearest(
     assert not report.ok and "not the code of a fresh encoding" in report.problems[0], str(report)
 
 
+def test_codebook_sample_sets_the_rows_the_codebooks_are_trained_on(tmp_path, tiny_encoder, corpus, monkeypatch):
+    real, calls = tiny_encoder.encode_flat, [0]
+
+    def counting(sentences):
+        calls[0] += 1
+        return real(sentences)
+
+    monkeypatch.setattr(tiny_encoder, "encode_flat", counting)
+    spent = {}
+    for sample in (None, 300):  # None: 65,536 rows, more than the corpus has: the whole corpus encoded twice
+        calls[0] = 0
+        output = tmp_path / f"{sample}.zarr"
+        options = BuildOptions(output=output, quantize="pq:4", codebook_sample=sample, progress=False, batch_tokens=64)
+        build(corpus, options, encoder=tiny_encoder)
+        spent[sample] = calls[0]
+    assert spent[300] < spent[None]  # the same rows are written: the difference is the training sample's
+    with elmo_cache.open(output) as cache:
+        assert cache.metadata["quantization"]["training"]["vectors"] == 300
+        assert cache.metadata["build"]["args"]["codebook_sample"] == 300
+    # Another sample is another cache: refused at the same output, without --overwrite.
+    with pytest.raises(CacheExistsError, match="'vectors': 300.*'vectors': 200"):
+        build(corpus, dataclasses.replace(options, codebook_sample=200), encoder=tiny_encoder)
+    for bad in ({"quantize": "int8", "codebook_sample": 300}, {"quantize": "opq:4", "codebook_sample": 0}):
+        with pytest.raises(InvalidParameterError, match="codebook_sample.*pq:M or opq:M"):
+            build(corpus, BuildOptions(output=tmp_path / "bad.zarr", **bad), encoder=tiny_encoder)
+        assert not (tmp_path / "bad.zarr").exists()
+
+
 def test_a_width_not_divisible_by_m_is_refused_before_anything_is_written(tmp_path, tiny_encoder, tiny_model, corpus):
     with pytest.raises(InvalidParameterError, match=r"pq:5 does not divide the model's width 32"):
         build(corpus, BuildOptions(output=tmp_path / "x.zarr", quantize="pq:5"), encoder=tiny_encoder)
@@ -279,10 +309,12 @@ def test_dataset_collate_export_and_cli(tmp_path, tiny_model, corpus, scheme):
     output = tmp_path / "q.zarr"
     result = CliRunner().invoke(
         cli, ["build", str(corpus), "-o", str(output), "--quantize", scheme, "--layers", "1,2", "--no-progress",
+              "--codebook-sample", "2000",
               "--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1]), "--device", "cpu"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     cache = elmo_cache.open(output)
+    assert cache.metadata["quantization"]["training"]["vectors"] == 2000
     dataset = elmo_cache.CacheDataset(output, list(range(len(cache))))
     picks = (0, 3, 4, 7)
     items = [dataset[i] for i in picks]

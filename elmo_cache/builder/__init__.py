@@ -3,6 +3,7 @@
 * :mod:`~elmo_cache.builder.options`: what a build is asked to do and what it did;
 * :mod:`~elmo_cache.builder.plan`: validating options, naming the output, the build's identity
   and what to do about a cache or an interrupted build already at the output;
+* :mod:`~elmo_cache.builder.sizes`: the default zarr chunk and shard sizes;
 * :mod:`~elmo_cache.builder.dedupe`: which sentences are repeats and where their rows are;
 * :mod:`~elmo_cache.builder.encoding`: the window cuts and window encoding both engines share;
 * :mod:`~elmo_cache.builder.skeleton`: :func:`build`, every build's steps whichever engine runs it;
@@ -18,13 +19,8 @@
 from __future__ import annotations
 
 from elmo_cache.builder.options import BuildOptions, BuildSummary
-from elmo_cache.builder.plan import (
-    DEFAULT_CHUNK_ROWS,
-    default_chunk_rows,
-    default_output,
-    default_shard_rows,
-    resolve_output,
-)
+from elmo_cache.builder.plan import default_output, resolve_output
+from elmo_cache.builder.sizes import DEFAULT_CHUNK_ROWS, default_chunk_rows, default_shard_rows
 from elmo_cache.builder.skeleton import build
 
 __all__ = [

@@ -31,6 +31,9 @@ class BuildOptions:
     # Quantise the stored vectors: None/"none" (floats) or "int8" (one int8 code per value and one float32
     # scale per vector, elmo_cache.quantize); done in float32 after selection/mixing. Exclusive with fp16.
     quantize: str | None = None
+    # pq/opq: token rows of the corpus (its first, in line order) the codebooks are trained on; None: 65,536
+    # (elmo_cache.pq.Training). Fewer train faster (opq of the Original model: hours at the default) and fit worse.
+    codebook_sample: int | None = None
     # Also store one pooled vector per sentence: None/"none", "mean", "max" or "first-last" (elmo_cache.pooling),
     # over each stored layer or the mix, from the float32 rows before any cast; read by Cache.sentence_vector.
     pool: str | None = None

@@ -18,6 +18,7 @@ import numpy as np
 
 from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
+from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.pooling import POOLS, Pool, parse_pool
@@ -45,12 +46,8 @@ if TYPE_CHECKING:
     from elmo_cache.builder.engine import Engine
 
 __all__ = [
-    "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_CHUNK_ROWS",
     "IDENTITY_KEYS",
     "Plan",
-    "default_chunk_rows",
-    "default_shard_rows",
     "default_output",
     "make_plan",
     "open_corpus",
@@ -62,47 +59,6 @@ __all__ = [
     "prepare_output",
     "check_resumed",
 ]
-
-DEFAULT_CHUNK_BYTES = 3 * 2**20
-"""Largest zarr ``vectors`` chunk the default allows (see :func:`default_chunk_rows`)."""
-
-
-DEFAULT_CHUNK_ROWS = 512
-"""What :func:`default_chunk_rows` gives Original-size layered float16 rows (6 KiB each)."""
-
-
-def default_chunk_rows(row_bytes: int) -> int:
-    """Rows per zarr chunk when none is asked for: the largest power of two within 3 MiB.
-
-    Measured with ``benchmarks/bench_build.py chunks`` (Original-size rows, 3 x 1024 fp16, 6 KiB
-    each; 2-core VM): a random sentence read through zarr decodes whole chunks and cost 0.94 ms
-    at 128 rows (0.75 MiB), 0.95 ms at 256, 1.01 ms at 512 (3 MiB), 1.62 ms at 1024, 2.65 ms at
-    2048 and 4.74 ms at 4096 (24 MiB). Below ~3 MiB zarr's fixed per-read cost dominates, so
-    smaller chunks only multiply files (a 2.5G-token corpus at 256 rows is ~10M files). The
-    memory-mapped reader is 0.01-0.1 ms whatever the size. Latency follows bytes, not rows, so
-    the rule is in bytes: 512 rows for Original fp16 layers, 256 for fp32, 1024 for a fp16 mix.
-    """
-    rows = 16
-    while rows * 2 * row_bytes <= DEFAULT_CHUNK_BYTES and rows < 65536:
-        rows *= 2
-    return rows
-
-
-DEFAULT_SHARD_BYTES = 256 * 2**20
-"""Largest zarr ``vectors`` file (shard) the default allows (see :func:`default_shard_rows`)."""
-
-
-def default_shard_rows(chunk_rows: int, row_bytes: int) -> int:
-    """Rows per zarr ``vectors`` file when none is asked for: the most whole chunks within 256 MiB.
-
-    zarr keeps each chunk in its own file unless chunks are grouped into shards. At 3 MiB chunks a
-    100M-sentence corpus (2.5G tokens, Original layers in float16: 15 TB) would be 5M files, more
-    than many file systems and object stores handle well; in 256 MiB shards it is 57,000. A
-    memory-mapped reader maps a shard as one block, so lookups cost the same
-    (``benchmarks/bench_scale.py``), while compressed caches still decode one 3 MiB chunk per read.
-    """
-    return max(1, DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes)) * chunk_rows
-
 
 # Identity keys: options that change what the cache holds. A cache or interrupted build
 # whose identity differs from the command's cannot be reused.
@@ -160,6 +116,8 @@ class Plan:
     pool: str | None = None
     # --pool-only: the pooled vectors instead of the token vectors (elmo_cache.builder.poolonly).
     pool_only: bool = False
+    # pq/opq: token rows the codebooks are trained on (None: elmo_cache.pq.Training's default).
+    codebook_sample: int | None = None
 
     def pooling(self) -> Pool | None:
         """What the ``pooled`` array holds (None: built without --pool)."""
@@ -184,7 +142,7 @@ class Plan:
         if self.quantize is None:
             return None
         row = self.selection.row_shape(dim)
-        return make_quantization(self.quantize, dim, row[0] if len(row) == 2 else 1)
+        return make_quantization(self.quantize, dim, row[0] if len(row) == 2 else 1, self.codebook_sample)
 
     def row_shape(self, dim: int) -> tuple[int, ...]:
         """One stored row: the selection's, its last axis widened by the scale when quantised."""
@@ -266,6 +224,11 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             "storage) does not apply; drop one of them"
         )
     scheme = None if quantize is None else quantize.split(":")[0]
+    if options.codebook_sample is not None and (scheme not in PRODUCT_SCHEMES or options.codebook_sample < 1):
+        raise InvalidParameterError(
+            f"codebook_sample: {options.codebook_sample!r} is not a positive number of token rows for the codebooks "
+            f"of --quantize pq:M or opq:M (quantize here: {quantize!r})"
+        )
     if scheme in PRODUCT_SCHEMES:
         from elmo_cache.builder.codebooks import require_faiss
 
@@ -289,6 +252,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         options.input_format,
         pool,
         bool(options.pool_only),
+        codebook_sample=options.codebook_sample,
     )
 
 
