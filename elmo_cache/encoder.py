@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from elmo_cache._lstm_states import InitialStates
 from elmo_cache._word_cache import WordVectorCache
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.hardware import (
@@ -122,13 +123,9 @@ class Encoder:
         bilm.fused = default_fuse_cell(options, device) if fuse_cell is None else fuse_cell
         self.n_layers = options.n_layers + 1
         self._words = WordVectorCache(word_cache_size, options.projection_dim, device, self._token_vectors)
-        n_lstm, p, d = options.n_layers, options.projection_dim, options.lstm_dim
-        self._h0 = torch.zeros(n_lstm, 2, 1, p, device=device)
-        self._c0 = torch.zeros(n_lstm, 2, 1, d, device=device)
-        self._carry_h = torch.zeros(n_lstm, 2, 0, p, device=device)
-        self._carry_c = torch.zeros(n_lstm, 2, 0, d, device=device)
+        self._states = self._new_states(carry=initial_state == "carry")
         if initial_state == "warm":
-            self._h0, self._c0 = self._warm_state()
+            self._states.start_from(*self._warm_state())
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -320,8 +317,13 @@ class Encoder:
 
     def reset_state(self) -> None:
         """Forget the carried-over state ("carry" mode): the next batch starts from zeros."""
-        self._carry_h = self._carry_h[:, :, :0]
-        self._carry_c = self._carry_c[:, :, :0]
+        self._states.reset()
+
+    @property
+    def start_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state every sentence starts from in "zero" and "warm" mode: ``(h, c)``, each
+        ``(n_lstm_layers, 2 directions, 1, dim)``."""
+        return self._states.h0, self._states.c0
 
     # ----------------------------------------------------------------- internals
     def _plan_batches(self, sentences: Sequence[Sequence[str]], batch_tokens: int) -> list[list[int]]:
@@ -350,24 +352,9 @@ class Encoder:
         word_ids = self.tokens.word_ids(words)
         return self.bilm.token_embeddings(ids, None if word_ids is None else torch.from_numpy(word_ids).to(self.device))
 
-    def _initial_states(self, order: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = len(order)
-        if self.initial_state != "carry":
-            return (
-                self._h0.expand(-1, -1, batch, -1).contiguous(),
-                self._c0.expand(-1, -1, batch, -1).contiguous(),
-            )
-        self._grow_carry(batch)
-        index = torch.tensor(order, device=self.device)
-        return self._carry_h.index_select(2, index), self._carry_c.index_select(2, index)
-
-    def _grow_carry(self, batch: int) -> None:
-        have = self._carry_h.shape[2]
-        if batch > have:
-            pad_h = torch.zeros(*self._carry_h.shape[:2], batch - have, self._carry_h.shape[3], device=self.device)
-            pad_c = torch.zeros(*self._carry_c.shape[:2], batch - have, self._carry_c.shape[3], device=self.device)
-            self._carry_h = torch.cat([self._carry_h, pad_h], dim=2)
-            self._carry_c = torch.cat([self._carry_c, pad_c], dim=2)
+    def _new_states(self, *, carry: bool) -> InitialStates:
+        o = self.options
+        return InitialStates(o.n_layers, o.projection_dim, o.lstm_dim, self.device, carry=carry)
 
     @torch.inference_mode()
     def encode_flat(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, np.ndarray]:
@@ -379,7 +366,7 @@ class Encoder:
         n_tokens = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=batch)
         offsets = np.zeros(batch + 1, dtype=np.int64)
         np.cumsum(n_tokens, out=offsets[1:])
-        if batch == 0 or (offsets[-1] == 0 and self.initial_state != "carry"):
+        if batch == 0 or (offsets[-1] == 0 and not self._states.carry):
             return torch.zeros(self.n_layers, int(offsets[-1]), self.output_dim, device=self.device), offsets
 
         # Token embeddings of "<S> tokens </S>" (the format's boundary tokens) for every sentence, input order.
@@ -415,12 +402,9 @@ class Encoder:
         backward_index = torch.from_numpy(backward_source).to(self.device)
 
         inputs = torch.stack([embedded.index_select(0, forward_index), embedded.index_select(0, backward_index)])
-        h0, c0 = self._initial_states(order)
+        h0, c0 = self._states.for_batch(order)
         layer_outputs, final_h, final_c = self.bilm.lstm_layers(inputs, packed, h0, c0)
-        if self.initial_state == "carry":
-            index = torch.tensor(order, device=self.device)
-            self._carry_h.index_copy_(2, index, final_h)
-            self._carry_c.index_copy_(2, index, final_c)
+        self._states.after_batch(order, final_h, final_c)
 
         # Back to input order, drop <S>/</S>, layer 0 = token vector twice.
         keep = torch.from_numpy(
@@ -437,13 +421,10 @@ class Encoder:
 
     def _warm_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Final state after reading WARMUP_TEXT sentence by sentence from zeros, carrying state."""
-        saved_mode = self.initial_state
-        self.initial_state = "carry"
-        self.reset_state()
+        states, self._states = self._states, self._new_states(carry=True)
         try:
             for sentence in WARMUP_TEXT:
                 self.encode_flat([sentence.split()])
-            return self._carry_h.clone(), self._carry_c.clone()
+            return self._states.carried()
         finally:
-            self.initial_state = saved_mode
-            self.reset_state()
+            self._states = states

@@ -114,8 +114,8 @@ def test_warm_perplexity_starts_from_the_encoders_warm_state(tmp_path, corpus):
     model, _ = load_trained_model(output)
     encoder = Encoder.load((output / "options.json", output / "weights.hdf5"), device="cpu", initial_state="warm")
     for layer, (h, c) in enumerate(warm_state(model)):
-        np.testing.assert_allclose(h.numpy(), encoder._h0[layer].numpy(), rtol=0, atol=1e-5)
-        np.testing.assert_allclose(c.numpy(), encoder._c0[layer].numpy(), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(h.numpy(), encoder.start_state[0][layer].numpy(), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(c.numpy(), encoder.start_state[1][layer].numpy(), rtol=0, atol=1e-5)
     held_out = _write_corpus(tmp_path / "held_out.txt", 30, seed=2)
     zero, warm = perplexity(output, held_out, mode="sentence"), perplexity(output, held_out, mode="warm")
     assert warm.predictions == zero.predictions and warm.forward != zero.forward
