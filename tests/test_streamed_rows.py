@@ -172,12 +172,12 @@ def _mapped_rss_kb(address: int) -> int:
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="madvise needed")
 def test_array_blocks_copies_a_map_and_drops_its_pages(tmp_path, monkeypatch):
-    from elmo_cache.store import _staging
+    from elmo_cache.store import _durable, _staging
 
     monkeypatch.setattr(_staging, "_COPY_BLOCK", 2**20)  # several pieces per block
     data = np.arange(4 * 2**20, dtype=np.int64)  # 32 MiB
     data.tofile(tmp_path / "a.bin")
-    mapped = _staging.RawColumn(tmp_path / "a.bin", "int64").read(len(data))
+    mapped = _durable.RawColumn(tmp_path / "a.bin", "int64").read(len(data))
     step = 2**20  # 8 MiB blocks
     got = []
     for start, block in array_blocks(mapped, step):

@@ -30,7 +30,7 @@ from elmo_cache.builder.firstpass import PLAN_DIR, FirstPass, load_first_pass
 from elmo_cache.builder.plan import Plan
 from elmo_cache.errors import CacheFormatError, ElmoCacheError
 from elmo_cache.store import Layout
-from elmo_cache.store._staging import atomic_write_json, fsync_path
+from elmo_cache.store._durable import atomic_write_json, fsync_path
 from elmo_cache.store.format import BUILD_DIR
 
 __all__ = ["FAIL_PART_ENV", "PARTS_DIR", "PartJob", "PartSpec", "PartWriter", "cut_parts", "marker_path", "run_part"]

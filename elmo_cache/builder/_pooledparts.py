@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store._staging import fsync_path
+from elmo_cache.store._durable import fsync_path
 from elmo_cache.store.format import BUILD_DIR
 
 __all__ = ["POOLED_DIR", "PooledPart", "join_pooled", "part_lines", "pooled_part_path"]

@@ -30,7 +30,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
 from elmo_cache.pq import CENTROIDS, ProductQuantization
-from elmo_cache.store._staging import atomic_write_json, fsync_path
+from elmo_cache.store._durable import atomic_write_json, fsync_path
 from elmo_cache.store.format import BUILD_DIR, CODEBOOKS, checksum
 
 if TYPE_CHECKING:

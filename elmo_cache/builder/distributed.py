@@ -59,7 +59,7 @@ from elmo_cache.builder.skeleton import run_build
 from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
 from elmo_cache.store import OutputKind, OutputState, Progress, create_group, vectors_file_rows
-from elmo_cache.store._staging import atomic_write_json
+from elmo_cache.store._durable import atomic_write_json
 from elmo_cache.store.container import containers, get_container
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.text.corpus import Corpus

@@ -20,8 +20,9 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._blocksums import block_sums, read_sums_file, sums_listing, write_sums_file
+from elmo_cache.store._durable import fsync_path
 from elmo_cache.store._pooled import pooled_block_rows, pooled_chunk_rows
-from elmo_cache.store._staging import Layout, array_blocks, fsync_path
+from elmo_cache.store._staging import Layout, array_blocks
 from elmo_cache.store._zarr_maps import _ABSENT
 from elmo_cache.store._zarr_read import _read_json
 from elmo_cache.store.format import (

@@ -11,7 +11,8 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._blocksums import BlockSummer, write_sums_file
-from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer
+from elmo_cache.store._durable import RawColumn
+from elmo_cache.store._staging import Layout, Progress, Writer
 from elmo_cache.store._zarr_write import (
     _CRC_BYTES,
     _file_geometry,

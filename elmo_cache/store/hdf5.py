@@ -29,8 +29,9 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store._blocksums import block_sums, sums_listing
+from elmo_cache.store._durable import RawColumn, fsync_path
 from elmo_cache.store._pooled import pooled_block_rows
-from elmo_cache.store._staging import Layout, Progress, RawColumn, Writer, array_blocks, fsync_path
+from elmo_cache.store._staging import Layout, Progress, Writer, array_blocks
 from elmo_cache.store.format import (
     ARRAYS,
     BLOCK_SUMS,
