@@ -40,9 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -50,15 +48,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import describe_machine
+from _probe_quantize import quantizations
 from _wordnet import Example, WordNetMissingError, check_wordnet_dir, collect_examples, split_of
 
 from elmo_cache import Encoder
-from elmo_cache.builder.codebooks import train_codebooks
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
 from elmo_cache.model.random_model import write_random_model
-from elmo_cache.pq import ProductQuantization, Training
-from elmo_cache.quantize import make_quantization, parse_quantize
+from elmo_cache.pq import Training
+from elmo_cache.quantize import parse_quantize
 
 LAYERS = (0, 1, 2)
 L2 = 1e-2  # logistic-regression penalty, fixed in advance (never tuned on a test split)
@@ -130,38 +128,6 @@ def target_vectors(encoder: Encoder, examples: list[Example]) -> np.ndarray:
     for k, vectors in enumerate(encoder.embed_sentences([list(ex.tokens) for ex in examples])):
         out[k] = vectors[:, examples[k].index]
     return out
-
-
-def quantizations(encoder: Encoder, args: argparse.Namespace) -> dict[str, Any]:
-    """``--quantize``'s schemes, ready to round vectors ``(n, 3, dim)``: pq/opq codebooks trained as a build of
-    ``--train-text`` trains them (its first ``--train-vectors`` token rows, all three layers)."""
-    out: dict[str, Any] = {}
-    sample = None
-    for name in args.quantize:
-        quantization = make_quantization(name, encoder.output_dim, encoder.n_layers)
-        if isinstance(quantization, ProductQuantization):
-            if sample is None:
-                sample = _training_rows(encoder, args.train_text, args.train_vectors)
-            start = time.perf_counter()
-            quantization = train_codebooks(sample, replace(quantization, training=Training(vectors=len(sample))))
-            print(f"trained  {name} codebooks on {len(sample)} rows of {args.train_text} in "
-                  f"{time.perf_counter() - start:.0f} s")  # fmt: skip
-        out[name] = quantization
-    return out
-
-
-def _training_rows(encoder: Encoder, text: Path, n: int) -> np.ndarray:
-    """The first ``n`` token rows ``(n, 3, dim)`` of ``text``'s sentences, in line order."""
-    rows: list[np.ndarray] = []
-    have = 0
-    with text.open(encoding="utf-8") as lines:
-        sentences = (line.split() for line in lines)
-        for vectors in encoder.embed_sentences(sentences):
-            rows.append(vectors.transpose(1, 0, 2))
-            have += vectors.shape[1]
-            if have >= n:
-                break
-    return np.ascontiguousarray(np.concatenate(rows)[:n])
 
 
 def nearest_sense(
