@@ -93,14 +93,17 @@ def load_encoder(args: argparse.Namespace) -> tuple[Encoder, Path | None]:
     return Encoder.load(cached_model(args.size), device="cpu"), None
 
 
-def build_all(lines: list[str], encoder: Encoder, work: Path, pq: list[str]) -> dict[str, tuple[Path, float]]:
+def build_all(
+    lines: list[str], encoder: Encoder, work: Path, pq: list[str], sample: int | None = None
+) -> dict[str, tuple[Path, float]]:
+    """Each cache built once; ``sample``: the pq/opq builds' ``--codebook-sample`` (None: the default)."""
     from elmo_cache.builder import codebooks
 
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = {}
     train = codebooks.train_codebooks
-    for name, extra in {**STORAGE, **{m: {"quantize": m} for m in pq}}.items():
+    for name, extra in {**STORAGE, **{m: {"quantize": m, "codebook_sample": sample} for m in pq}}.items():
 
         def timed_training(sample, quantization, name=name):
             start = time.perf_counter()
@@ -119,23 +122,19 @@ def build_all(lines: list[str], encoder: Encoder, work: Path, pq: list[str]) -> 
     return out
 
 
-def shrink_training(vectors: int | None, rotation_iterations: int | None) -> None:
-    """Train product-quantised builds on fewer vectors or OPQ iterations (recorded in their metadata as usual)."""
+def fewer_rotation_iterations(rotation_iterations: int) -> None:
+    """Train opq builds with fewer OPQ iterations (recorded in their metadata as usual; no build option sets it)."""
     import dataclasses
 
     from elmo_cache.builder import plan
 
     make = plan.make_quantization
 
-    def smaller(name: str, dim: int, slots: int):
-        q = make(name, dim, slots)
+    def smaller(name: str, dim: int, slots: int, sample: int | None = None):
+        q = make(name, dim, slots, sample)
         if not name.startswith(PRODUCT):
             return q
-        t = q.training
-        t = dataclasses.replace(
-            t, vectors=vectors or t.vectors, rotation_iterations=rotation_iterations or t.rotation_iterations
-        )
-        return dataclasses.replace(q, training=t)
+        return dataclasses.replace(q, training=dataclasses.replace(q.training, rotation_iterations=rotation_iterations))
 
     plan.make_quantization = smaller
 
@@ -286,15 +285,15 @@ def main() -> None:
     parser.add_argument("--quantize", action="append", default=[], help="also a pq:M or opq:M cache (repeatable)")
     parser.add_argument("--train-text", type=Path, default=None, help="text before the held-out lines (with --heldout)")
     parser.add_argument("--train-lines", type=int, default=4000, help="first N non-empty lines of --train-text")
-    parser.add_argument("--training-vectors", type=int, default=None, help="codebooks' training sample (65,536)")
+    parser.add_argument("--training-vectors", type=int, default=None, help="pq/opq builds' --codebook-sample (65,536)")
     parser.add_argument("--rotation-iterations", type=int, default=None, help="opq: OPQ iterations (10)")
     args = parser.parse_args()
     if (args.heldout is None) == (args.size is None):
         parser.error("give --heldout (bundled model) or --size (a random model)")
     if args.train_text is not None and args.heldout is None:
         parser.error("--train-text needs --heldout")
-    if args.training_vectors or args.rotation_iterations:
-        shrink_training(args.training_vectors, args.rotation_iterations)
+    if args.rotation_iterations:
+        fewer_rotation_iterations(args.rotation_iterations)
     print(f"{datetime.datetime.now().isoformat(timespec='seconds')}  {' '.join(sys.argv)}")
     print("\n".join(describe_machine("cpu").lines()))
     encoder, model_dir = load_encoder(args)
@@ -302,7 +301,7 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench_quantize_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        caches = build_all(lines, encoder, work, args.quantize)
+        caches = build_all(lines, encoder, work, args.quantize, args.training_vectors)
         reference = elmo_cache.open(caches["float32"][0])
         first = heldout_from(args)
         held = sum(reference[i].shape[1] for i in range(first, len(reference)))
