@@ -43,8 +43,9 @@ def ieee_float32(device: torch.device) -> Iterator[None]:
         return
     with _lock:
         if _active == 0:
-            _saved[:] = [(owner, name, getattr(owner, name)) for owner, name, _ in _switches()]
-            for owner, name, exact in _switches():
+            switches = _switches()
+            _saved[:] = [(owner, name, getattr(owner, name)) for owner, name, _ in switches]
+            for owner, name, exact in switches:
                 setattr(owner, name, exact)
         _active += 1
     try:
