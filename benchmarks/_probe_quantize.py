@@ -13,8 +13,8 @@ import numpy as np
 
 from elmo_cache import Encoder
 from elmo_cache.builder.codebooks import train_codebooks
-from elmo_cache.pq import ProductQuantization, Training
-from elmo_cache.quantize import make_quantization
+from elmo_cache.rows.pq import ProductQuantization, Training
+from elmo_cache.rows.quantize import make_quantization
 
 
 def quantizations(encoder: Encoder, args: argparse.Namespace) -> dict[str, Any]:

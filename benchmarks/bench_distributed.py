@@ -74,7 +74,7 @@ def main() -> None:
     import torch
 
     from elmo_cache.builder import BuildOptions, build
-    from elmo_cache.builder.distributed import build_distributed
+    from elmo_cache.builder.ray.engine import build_distributed
     from elmo_cache.model.random_model import write_random_model
 
     cpus = len(os.sched_getaffinity(0))

@@ -128,15 +128,15 @@ def _model_params(model: str) -> str:
 # (module, attribute path, phase): functions whose calls mark a phase of the build in the child. A name the
 # library (``--code``) lacks is skipped. The innermost phase running is the one a sample is counted in.
 _PHASES = (
-    ("elmo_cache.builder.pipeline", "load_encoder", "load model"),
-    ("elmo_cache.builder.pipeline", "_run", "encode"),
-    ("elmo_cache.store._staging", "Writer.index", "index"),
-    ("elmo_cache.store._zarr_writer", "ZarrWriter.finalize", "finish"),
-    ("elmo_cache.store.hdf5", "Hdf5Writer.finalize", "finish"),
-    ("elmo_cache.store._zarr_write", "finish_group", "finish group"),
-    ("elmo_cache.builder.distributed", "first_pass", "first pass"),
-    ("elmo_cache.builder.distributed", "_run_parts", "parts (ray)"),
-    ("elmo_cache.builder.distributed", "RayRun.finish", "finish"),
+    ("elmo_cache.builder.local", "load_encoder", "load model"),
+    ("elmo_cache.builder.local", "_run", "encode"),
+    ("elmo_cache.store.staging", "Writer.index", "index"),
+    ("elmo_cache.store.zarr.writer", "ZarrWriter.finalize", "finish"),
+    ("elmo_cache.store.hdf5.writer", "Hdf5Writer.finalize", "finish"),
+    ("elmo_cache.store.zarr.write", "finish_group", "finish group"),
+    ("elmo_cache.builder.ray.engine", "first_pass", "first pass"),
+    ("elmo_cache.builder.ray.engine", "_run_parts", "parts (ray)"),
+    ("elmo_cache.builder.ray.engine", "RayRun.finish", "finish"),
 )
 
 

@@ -53,7 +53,7 @@ from _machine import describe_machine
 import elmo_cache
 from elmo_cache import CacheDataset, Encoder, collate, store
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.quantize import Quantization
+from elmo_cache.rows.quantize import Quantization
 
 STORAGE = {"float32": {}, "float16": {"fp16": True}, "int8": {"quantize": "int8"}}
 PRODUCT = ("pq:", "opq:")

@@ -55,8 +55,8 @@ from elmo_cache import Encoder
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
 from elmo_cache.model.random_model import write_random_model
-from elmo_cache.pq import Training
-from elmo_cache.quantize import parse_quantize
+from elmo_cache.rows.pq import Training
+from elmo_cache.rows.quantize import parse_quantize
 
 LAYERS = (0, 1, 2)
 L2 = 1e-2  # logistic-regression penalty, fixed in advance (never tuned on a test split)

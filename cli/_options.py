@@ -14,7 +14,7 @@ __all__ = ["model_options", "SELECTION_FLAGS"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 SELECTION_FLAGS = {"layers": "--layers", "mix": "--mix", "gamma": "--gamma", "softmax": "--mix-softmax"}
-"""Selection parameters as the CLI spells them in messages (elmo_cache.selection.Selection.parse)."""
+"""Selection parameters as the CLI spells them in messages (elmo_cache.rows.selection.Selection.parse)."""
 
 
 def model_options(function: F) -> F:

@@ -188,7 +188,7 @@ def build_command(
 ) -> None:
     """Encode every line of CORPUS once and write the vectors to a cache."""
     from elmo_cache.builder import BuildOptions, build, resolve_output
-    from elmo_cache.selection import Selection
+    from elmo_cache.rows.selection import Selection
     from elmo_cache.text.corpus import Corpus
     from elmo_cache.threads import apply_threads
 

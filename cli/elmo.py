@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from elmo_cache.compat._file import DEFAULT_BATCH_SIZE
+from elmo_cache.compat.hdf5_file import DEFAULT_BATCH_SIZE
 
 __all__ = ["elmo_command"]
 

@@ -18,6 +18,6 @@ __all__ = ["export_command"]
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 def export_command(cache: str, output: str, corpus: str | None, overwrite: bool) -> None:
     """Write CACHE to OUTPUT in the original allennlp HDF5 layout (one dataset per line)."""
-    from elmo_cache.export import export
+    from elmo_cache.compat.export import export
 
     click.echo(str(export(cache, output, corpus=corpus, overwrite=overwrite)))

@@ -12,8 +12,8 @@ import click
 from elmo_cache.errors import ElmoCacheError
 
 if TYPE_CHECKING:
-    from elmo_cache.encoder import Encoder
-    from elmo_cache.reader import Cache
+    from elmo_cache.encoder.encoder import Encoder
+    from elmo_cache.reader.cache import Cache
     from elmo_cache.server.settings import Settings
 
 __all__ = ["serve_command", "run_server"]

@@ -34,7 +34,7 @@ def verify_command(
     seed: int,
 ) -> None:
     """Check the structure of CACHE and optionally a sample of its vectors."""
-    from elmo_cache.verify import verify
+    from elmo_cache.verify.checks import verify
 
     if sample < 0:
         raise InvalidParameterError(f"--sample: must be >= 0, got {sample}")

@@ -18,16 +18,16 @@ bound_primitive_caches()
 
 # name -> module that defines it
 _EXPORTS = {
-    "Encoder": "elmo_cache.encoder",
+    "Encoder": "elmo_cache.encoder.encoder",
     "ModelOptions": "elmo_cache.model.options",
-    "MixSpec": "elmo_cache.selection",
+    "MixSpec": "elmo_cache.rows.selection",
     "BuildOptions": "elmo_cache.builder",
     "build": "elmo_cache.builder",
-    "open": "elmo_cache.reader",
-    "Cache": "elmo_cache.reader",
-    "CacheDataset": "elmo_cache.dataset",
-    "collate": "elmo_cache.dataset",
-    "ScalarMix": "elmo_cache.scalar_mix",
+    "open": "elmo_cache.reader.cache",
+    "Cache": "elmo_cache.reader.cache",
+    "CacheDataset": "elmo_cache.reader.dataset",
+    "collate": "elmo_cache.reader.dataset",
+    "ScalarMix": "elmo_cache.reader.scalar_mix",
     "tokenize": "elmo_cache.text.tokenize",
     "sentence_hash": "elmo_cache.text.tokenize",
     "ElmoCacheError": "elmo_cache.errors",
@@ -54,16 +54,16 @@ if TYPE_CHECKING:  # pragma: no cover
     # Re-exports for type checkers and IDEs (``X as X`` marks them public).
     from elmo_cache.builder import BuildOptions as BuildOptions
     from elmo_cache.builder import build as build
-    from elmo_cache.dataset import CacheDataset as CacheDataset
-    from elmo_cache.dataset import collate as collate
-    from elmo_cache.encoder import Encoder as Encoder
+    from elmo_cache.encoder.encoder import Encoder as Encoder
     from elmo_cache.errors import *  # noqa: F403
     from elmo_cache.model.options import ModelOptions as ModelOptions
-    from elmo_cache.reader import Cache as Cache
-    from elmo_cache.reader import open as open  # noqa: A004 - the public name shadows the builtin on purpose
-    from elmo_cache.scalar_mix import ScalarMix as ScalarMix
-    from elmo_cache.selection import MixSpec as MixSpec
-    from elmo_cache.selection import Selection as Selection
+    from elmo_cache.reader.cache import Cache as Cache
+    from elmo_cache.reader.cache import open as open  # noqa: A004 - the public name shadows the builtin on purpose
+    from elmo_cache.reader.dataset import CacheDataset as CacheDataset
+    from elmo_cache.reader.dataset import collate as collate
+    from elmo_cache.reader.scalar_mix import ScalarMix as ScalarMix
+    from elmo_cache.rows.selection import MixSpec as MixSpec
+    from elmo_cache.rows.selection import Selection as Selection
     from elmo_cache.text.tokenize import sentence_hash as sentence_hash
     from elmo_cache.text.tokenize import tokenize as tokenize
 

@@ -33,8 +33,8 @@ from elmo_cache.server.settings import Settings, load_settings
 from elmo_cache.server.workers import ReadPool
 
 if TYPE_CHECKING:
-    from elmo_cache.encoder import Encoder
-    from elmo_cache.reader import Cache
+    from elmo_cache.encoder.encoder import Encoder
+    from elmo_cache.reader.cache import Cache
 
 __all__ = ["create_app", "load_resources", "check_compatible"]
 
@@ -89,7 +89,7 @@ def load_resources(
 
         cache = elmo_cache.open(settings.cache_path)
     if encoder is None and (settings.has_model or cache is not None):
-        from elmo_cache.encoder import Encoder
+        from elmo_cache.encoder.encoder import Encoder
         from elmo_cache.threads import apply_threads
 
         apply_threads(settings.threads)

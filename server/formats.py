@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 from fastapi.responses import Response
 
-from elmo_cache.selection import Selection
+from elmo_cache.rows.selection import Selection
 from elmo_cache.server.service import Embedding
 
 __all__ = ["Format", "NPY_MEDIA_TYPE", "NPZ_MEDIA_TYPE", "render_one", "render_many"]

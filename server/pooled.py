@@ -1,4 +1,4 @@
-"""``/embed?pool=``: one vector per sentence (:mod:`elmo_cache.pooling`), without HTTP.
+"""``/embed?pool=``: one vector per sentence (:mod:`elmo_cache.rows.pooling`), without HTTP.
 
 A cache hit is answered from the cache's ``pooled`` array when it holds that pool of what is asked (the
 same mix, or any of its stored layers: a pool is taken per layer, so a layer's pooled vector is the pool of
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from elmo_cache.pooling import pool_rows, pooled_shape
-from elmo_cache.selection import Selection
+from elmo_cache.rows.pooling import pool_rows, pooled_shape
+from elmo_cache.rows.selection import Selection
 
 if TYPE_CHECKING:
-    from elmo_cache.reader import Cache
+    from elmo_cache.reader.cache import Cache
 
 __all__ = [
     "pooled_vector_shape",

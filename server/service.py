@@ -1,6 +1,6 @@
 """What ``/embed`` does, without HTTP: resolve the asked output, answer from the cache, encode the rest live.
 
-What a request asks for is a :class:`~elmo_cache.selection.Selection`: a subset of layers or one fixed mix. With
+What a request asks for is a :class:`~elmo_cache.rows.selection.Selection`: a subset of layers or one fixed mix. With
 no ``layers`` and no ``mix`` it is what the cache stores (its layers, or its mix),
 or all three layers without a cache, so cache hits and live answers of one server
 always have the same shape and dtype:
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError, LimitExceededError, NotInCacheError
-from elmo_cache.quantize import live_as_cached
-from elmo_cache.selection import ALL_LAYERS, MixSpec, Selection
+from elmo_cache.rows.quantize import live_as_cached
+from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.pooled import (
@@ -41,8 +41,8 @@ from elmo_cache.server.workers import ReadPool
 from elmo_cache.text.tokenize import sentence_key, tokenize
 
 if TYPE_CHECKING:
-    from elmo_cache.encoder import Encoder
-    from elmo_cache.reader import Cache
+    from elmo_cache.encoder.encoder import Encoder
+    from elmo_cache.reader.cache import Cache
 
 __all__ = ["Embedding", "EmbedService", "Timings"]
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from elmo_cache.errors import LimitExceededError
-from elmo_cache.selection import Selection
+from elmo_cache.rows.selection import Selection
 from elmo_cache.server import formats
 from elmo_cache.server.formats import Format
 

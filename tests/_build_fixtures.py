@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import open_with_library
 
 

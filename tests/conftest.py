@@ -34,9 +34,9 @@ def one_torch_thread():
 def native_bf16(monkeypatch):
     """Let bf16 run on the CPU whatever this machine has (the detector says "native"): tests of
     bf16 arithmetic must pass on CPUs without AVX512-BF16 too, where it is merely slow."""
-    import elmo_cache.hardware
+    import elmo_cache.encoder.hardware
 
-    monkeypatch.setattr(elmo_cache.hardware, "cpu_bf16_problem", lambda *args: None)
+    monkeypatch.setattr(elmo_cache.encoder.hardware, "cpu_bf16_problem", lambda *args: None)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.model.random_model import write_random_model
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.selection import MixSpec
 from elmo_cache.text.tokenize import tokenize
 
 LINES = [

@@ -2,7 +2,7 @@
 
 A container (:class:`elmo_cache.store.container.Container`) must write a cache through its
 writer that its own reader (``open_arrays``), ``read_metadata``, ``open_with_library`` and
-:class:`elmo_cache.reader.Cache` all read back the same, crash-safely and atomically, and whose
+:class:`elmo_cache.reader.cache.Cache` all read back the same, crash-safely and atomically, and whose
 damage ``open`` and ``verify`` name. Each container runs these tests through one subclass of
 :class:`StoreContract` in ``tests/test_store_<name>.py`` that implements the hooks (how to damage
 or edit a cache in its layout); this module holds no test of its own.
@@ -21,7 +21,7 @@ import pytest
 import elmo_cache
 from elmo_cache import store
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.quantize import Quantization
+from elmo_cache.rows.quantize import Quantization
 from elmo_cache.store import Layout, OutputKind, OutputState, Progress
 from elmo_cache.store.format import (
     ARRAYS,
@@ -32,7 +32,7 @@ from elmo_cache.store.format import (
     staging_path,
 )
 from elmo_cache.text.tokenize import sentence_hash
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 
 DIM = 4
 WORDS = ["the", "cat", "Zürich", "naïve", "—", "a\x00b", "42", ".", "日本語", "🙂"]
@@ -313,7 +313,7 @@ class StoreContract:
             assert cache.find(b) is None and cache.get(b) is None and b not in cache
             assert cache.tokens(2) == b
             # The same through the hash the lookup computes: every query now hashes like sentence 1.
-            monkeypatch.setattr("elmo_cache.reader.key_hash", lambda key: collide)
+            monkeypatch.setattr("elmo_cache.reader.cache.key_hash", lambda key: collide)
             assert cache.get(["one", "two", "six"]) is None
             assert cache.get("the cat sat") is not None
 
@@ -335,7 +335,7 @@ class StoreContract:
         assert "no checksums" in str(report) and "--corpus" in str(report)
         with pytest.raises(elmo_cache.InvalidParameterError, match="stores none: pass --corpus"):
             verify(output, sample=2)
-        from elmo_cache.export import export
+        from elmo_cache.compat.export import export
 
         summary = export(output, tmp_path / "allennlp.h5")
         assert not summary.from_tokens and summary.corpus is None and "format-1" in str(summary)
@@ -343,7 +343,7 @@ class StoreContract:
             assert "sentence_to_index" not in f and len(f) == len(sentences)
 
     def test_export_needs_no_corpus(self, output, tmp_path):
-        from elmo_cache.export import export
+        from elmo_cache.compat.export import export
 
         sentences = _sentences(5, seed=9)
         self.write(output, sentences)

@@ -14,11 +14,11 @@ import pytest
 import elmo_cache
 from elmo_cache import store
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
-from elmo_cache.pooling import Pool, pool_rows
+from elmo_cache.rows.pooling import Pool, pool_rows
 from elmo_cache.store import Progress
 from elmo_cache.store.format import POOLED_ARRAY
 from elmo_cache.text.tokenize import sentence_hash
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests.store_contract import DIM, _metadata, _sentences, _tokens
 
 

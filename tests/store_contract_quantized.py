@@ -14,8 +14,8 @@ import torch
 import elmo_cache
 from elmo_cache import store
 from elmo_cache.errors import CacheCorruptError
-from elmo_cache.quantize import Quantization
-from elmo_cache.verify import verify
+from elmo_cache.rows.quantize import Quantization
+from elmo_cache.verify.checks import verify
 from tests.store_contract import DIM, _sentences
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elmo_cache.store._sort import index_in_memory, sort_index
-from elmo_cache.store._staging import offsets_after_zero
+from elmo_cache.store.sentence_index import index_in_memory, sort_index
+from elmo_cache.store.staging import offsets_after_zero
 
 
 @pytest.mark.parametrize("n, run_items", [(0, 4), (5, 8), (1000, 64), (1000, 1000), (1001, 1000), (5000, 7)])
@@ -47,7 +47,7 @@ def test_offsets_after_zero(tmp_path):
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_build_with_index_and_dedupe_on_disk_writes_the_same_cache(tmp_path, tiny_model, monkeypatch, fmt):
     from elmo_cache.builder import BuildOptions, build, dedupe
-    from elmo_cache.store import _sort, open_with_library
+    from elmo_cache.store import open_with_library, sentence_index
     from tests._build_fixtures import corpus_lines, write_corpus
 
     corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(300))
@@ -68,7 +68,7 @@ def test_build_with_index_and_dedupe_on_disk_writes_the_same_cache(tmp_path, tin
             close()
 
     reference = run("memory")
-    monkeypatch.setattr(_sort, "RUN_ITEMS", 7)
+    monkeypatch.setattr(sentence_index, "RUN_ITEMS", 7)
     monkeypatch.setattr(dedupe, "MEMORY_ITEMS", 3)  # dedupe's first occurrences spill to disk after 3
     runs = run("runs")
     assert sorted(runs) == sorted(reference) and len(reference["index/hashes"]) < len(reference["offsets"])

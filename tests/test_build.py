@@ -15,13 +15,13 @@ import pytest
 
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build, default_chunk_rows, default_output, default_shard_rows
+from elmo_cache.compat.export import export
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
-from elmo_cache.export import export
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import metadata_checksum
 from elmo_cache.text.tokenize import tokenize
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import corpus_lines, expected_rows, raw_arrays, write_corpus
 
 LINES = corpus_lines(30)

@@ -76,7 +76,7 @@ def test_a_local_build_never_imports_ray(tmp_path, tiny_model):
 def test_an_interrupted_build_of_the_other_engine_is_named(tmp_path, tiny_model, monkeypatch):
     """A local build's staging refuses the ray engine before it connects to any cluster's work."""
     pytest.importorskip("ray")
-    from elmo_cache.builder import distributed
+    from elmo_cache.builder.ray import engine as distributed
 
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(30, seed=2))
     output = tmp_path / "c.zarr"
@@ -87,7 +87,7 @@ def test_an_interrupted_build_of_the_other_engine_is_named(tmp_path, tiny_model,
     def interrupted(*args):
         raise KeyboardInterrupt  # a build stopped before it encoded anything
 
-    monkeypatch.setattr("elmo_cache.builder.pipeline._run", interrupted)
+    monkeypatch.setattr("elmo_cache.builder.local._run", interrupted)
     with pytest.raises(KeyboardInterrupt):
         build(corpus, options)
     assert staging_path(output).is_dir() and not output.exists()

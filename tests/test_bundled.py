@@ -101,15 +101,15 @@ def test_the_readme_main_job_works_offline(tmp_path, bundled_model, offline):
 
 
 def test_a_recorded_precision_this_cpu_refuses_serves_the_cache_alone(tmp_path, caplog, monkeypatch):
-    import elmo_cache.encoder
+    import elmo_cache.encoder.encoder
 
     folder = tmp_path / "model"
     write_random_model(folder, "tiny", seed=6)
-    monkeypatch.setenv(elmo_cache.hardware.ALLOW_SLOW_FP16_ENV, "1")  # built where fp16 was allowed
+    monkeypatch.setenv(elmo_cache.encoder.hardware.ALLOW_SLOW_FP16_ENV, "1")  # built where fp16 was allowed
     build(
         _corpus(tmp_path), BuildOptions(output=tmp_path / "c.zarr", model=str(folder), precision="fp16", progress=False)
     )
-    monkeypatch.delenv(elmo_cache.hardware.ALLOW_SLOW_FP16_ENV)  # served on a CPU that refuses it
+    monkeypatch.delenv(elmo_cache.encoder.hardware.ALLOW_SLOW_FP16_ENV)  # served on a CPU that refuses it
     cache = elmo_cache.open(tmp_path / "c.zarr")
     with caplog.at_level(logging.WARNING, logger="elmo_cache.server"):
         encoder, _ = load_resources(Settings(device="cpu"), cache=cache)

@@ -14,7 +14,7 @@ import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.cli.main import cli
 from elmo_cache.server import Settings, create_app, load_resources
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests.efml_fixtures import write_model
 from tests.server_helpers import close, decode, decode_item, run, settings
 

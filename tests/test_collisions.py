@@ -18,7 +18,7 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.server import Settings, create_app
 from elmo_cache.text import tokenize as tokenize_module
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 
 FIRST, SECOND = "the cat sat on the mat", "a dog ran into the park"  # six tokens each
 LINES = ["hello world", FIRST, "one", SECOND, ""]
@@ -40,10 +40,10 @@ def colliding_hash(sentence) -> int:
 @pytest.fixture
 def collide(monkeypatch):
     # Where the build hashes sentences, and where lookups and verify hash keys (or corpus lines).
-    monkeypatch.setattr("elmo_cache.builder.pipeline.sentence_hash", colliding_hash)
-    monkeypatch.setattr("elmo_cache.reader.key_hash", colliding_key_hash)
-    monkeypatch.setattr("elmo_cache.verify.key_hash", colliding_key_hash)
-    monkeypatch.setattr("elmo_cache.verify.sentence_hash", colliding_hash)
+    monkeypatch.setattr("elmo_cache.builder.local.sentence_hash", colliding_hash)
+    monkeypatch.setattr("elmo_cache.reader.cache.key_hash", colliding_key_hash)
+    monkeypatch.setattr("elmo_cache.verify.checks.key_hash", colliding_key_hash)
+    monkeypatch.setattr("elmo_cache.verify.checks.sentence_hash", colliding_hash)
 
 
 def make(tmp_path, encoder, name: str, lines=LINES, **options) -> elmo_cache.Cache:

@@ -12,7 +12,7 @@ from elmo_cache import CacheDataset, Encoder, collate
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.random_model import write_random_model
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.selection import MixSpec
 from elmo_cache.text.tokenize import tokenize
 
 LINES = [f"sentence {i} " + " ".join(["tok"] * (i % 7)) for i in range(40)] + ["", "last one"]

@@ -1,4 +1,4 @@
-"""The ray engine (elmo_cache.builder.distributed) on a local 2-CPU Ray cluster: the cache equals build()'s byte for
+"""The ray engine (elmo_cache.builder.ray.engine) on a local 2-CPU Ray cluster: the cache equals build()'s byte for
 byte, a failed part is redone alone, empty lines keep their rows, the CLI, and clear errors."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ ray = pytest.importorskip("ray")
 
 import elmo_cache  # noqa: E402
 from elmo_cache.builder import BuildOptions, build  # noqa: E402
-from elmo_cache.builder.distributed import FAIL_PART_ENV, build_distributed, cut_parts  # noqa: E402
+from elmo_cache.builder.ray.engine import FAIL_PART_ENV, build_distributed, cut_parts  # noqa: E402
 from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError  # noqa: E402
 from elmo_cache.store.format import BUILD_DIR, ZARR_JSON, staging_path  # noqa: E402
-from elmo_cache.verify import verify  # noqa: E402
+from elmo_cache.verify.checks import verify  # noqa: E402
 from tests._build_fixtures import corpus_lines, write_corpus  # noqa: E402
 
 LINES = corpus_lines(3000, seed=3)
@@ -210,7 +210,7 @@ def test_killed_driver_resumes(tiny_model, corpus, reference, tmp_path):
     address = ray.get_runtime_context().gcs_address
     script = (
         "import sys; from elmo_cache.builder import BuildOptions; "
-        "from elmo_cache.builder.distributed import build_distributed; "
+        "from elmo_cache.builder.ray.engine import build_distributed; "
         f"build_distributed({str(corpus)!r}, BuildOptions(output={str(output)!r}, options_file={str(tiny_model[0])!r}, "
         f"weight_file={str(tiny_model[1])!r}, dedupe=True, pool='mean', **{SMALL!r}), address={address!r}, workers=2, "
         "parts=4, cpus_per_worker=0.5)"

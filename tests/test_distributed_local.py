@@ -47,7 +47,7 @@ class _NoCluster:
 
 
 def test_a_missing_cluster_is_a_clear_error():
-    from elmo_cache.builder.distributed import _connect
+    from elmo_cache.builder.ray.engine import _connect
     from elmo_cache.errors import ElmoCacheError, InvalidParameterError
 
     missing = ConnectionError("Could not find any running Ray instance. Please specify the one to connect to")

@@ -21,7 +21,7 @@ from elmo_cache.cli.main import cli
 from elmo_cache.errors import ModelNotFoundError, OptionsError, WeightFileError
 from elmo_cache.model import efml, sources
 from elmo_cache.server import Settings, load_resources
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests.efml_fixtures import CHARS, LINES, WORDS, D, P, state_dicts, write_model
 
 

@@ -238,7 +238,7 @@ PRECISION_TABLE = {"bf16": (0.016, 0.9999, 0.99999), "fp16": (0.0025, 0.999995, 
 def test_reduced_precision_error_is_what_the_readme_states(
     golden_encoder, golden_dir, golden_sentences, precision, native_bf16, monkeypatch
 ):
-    import elmo_cache.hardware as module
+    import elmo_cache.encoder.hardware as module
 
     monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")  # the arithmetic is tested, not the speed
     max_abs, min_cos, mean_cos = PRECISION_TABLE[precision]
@@ -257,7 +257,7 @@ def test_reduced_precision_error_is_what_the_readme_states(
 def test_reduced_precision_stays_close_to_fp32(
     tiny_model, tiny_encoder, precision, tolerance, native_bf16, monkeypatch
 ):
-    import elmo_cache.hardware as module
+    import elmo_cache.encoder.hardware as module
 
     monkeypatch.setenv(module.ALLOW_SLOW_FP16_ENV, "1")  # the arithmetic is tested, not the speed
     reduced = Encoder.load(tiny_model, device="cpu", precision=precision)
@@ -270,7 +270,7 @@ def test_reduced_precision_stays_close_to_fp32(
 
 
 def test_bf16_on_a_cpu_without_native_bf16_is_refused(tiny_model, monkeypatch):
-    import elmo_cache.hardware as module
+    import elmo_cache.encoder.hardware as module
 
     monkeypatch.delenv(module.ALLOW_SLOW_BF16_ENV, raising=False)
     monkeypatch.setattr(module, "cpu_bf16_problem", lambda *args: "this CPU has no native bf16 (test)")
@@ -291,7 +291,7 @@ def test_bf16_on_a_cpu_without_native_bf16_is_refused(tiny_model, monkeypatch):
 
 
 def test_fp16_on_a_cpu_is_refused_unless_asked_for(tiny_model, monkeypatch):
-    import elmo_cache.hardware as module
+    import elmo_cache.encoder.hardware as module
 
     monkeypatch.delenv(module.ALLOW_SLOW_FP16_ENV, raising=False)
     with pytest.raises(InvalidParameterError) as refused:
@@ -305,7 +305,7 @@ def test_fp16_on_a_cpu_is_refused_unless_asked_for(tiny_model, monkeypatch):
 
 
 def test_native_bf16_detection(tmp_path, monkeypatch):
-    import elmo_cache.hardware as module
+    import elmo_cache.encoder.hardware as module
 
     def cpuinfo(text):
         path = tmp_path / f"cpuinfo{len(list(tmp_path.iterdir()))}"
@@ -335,7 +335,7 @@ def test_native_bf16_detection(tmp_path, monkeypatch):
 
 
 def test_capped_torch_is_not_native_bf16(monkeypatch):
-    import elmo_cache.hardware as module
+    import elmo_cache.encoder.hardware as module
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in module._torch_bf16_problem("x86")
@@ -351,7 +351,7 @@ def test_capped_torch_is_not_native_bf16(monkeypatch):
 def test_capped_cpu_kernels_keep_the_eager_cell(monkeypatch):
     from dataclasses import replace
 
-    from elmo_cache.encoder import default_fuse_cell
+    from elmo_cache.encoder.encoder import default_fuse_cell
     from elmo_cache.model.random_model import PRESETS
 
     big = replace(PRESETS["tiny"], lstm_dim=1024)

@@ -24,8 +24,8 @@ import pytest
 
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.dataset import CacheDataset, collate
 from elmo_cache.errors import CacheCorruptError, CacheFormatError, ElmoCacheError
+from elmo_cache.reader.dataset import CacheDataset, collate
 from elmo_cache.server import Settings, create_app
 
 # Distinct lines (no two sentences share vectors by accident), one empty, lengths 1..9.

@@ -15,12 +15,12 @@ from click.testing import CliRunner
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
+from elmo_cache.compat.export import export
 from elmo_cache.errors import CacheExistsError, CorpusError, InvalidParameterError
-from elmo_cache.export import export
 from elmo_cache.server import create_app
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import has_plain_tokens, sentence_hash, sentence_key, split_key
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests.server_helpers import close, decode_item, run, settings
 
 # Sentences as token lists: spaces inside tokens, the same words split otherwise, an empty sentence.

@@ -15,11 +15,11 @@ import torch
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheCorruptError, CacheExistsError, InvalidParameterError
-from elmo_cache.pq import PQSentence, ProductQuantization, Training
-from elmo_cache.quantize import parse_quantize, quantization_of
+from elmo_cache.rows.pq import PQSentence, ProductQuantization, Training
+from elmo_cache.rows.quantize import parse_quantize, quantization_of
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import CODEBOOKS
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 from tests.test_pq import _training_calls
 from tests.test_resume import failing_on
@@ -163,7 +163,7 @@ def corpus(tmp_path_factory):
 def test_an_opq_build_reads_back_near_the_float_build_and_as_faiss_decodes_it(
     tmp_path, tiny_encoder, corpus, suffix, selection
 ):
-    from elmo_cache.selection import MixSpec
+    from elmo_cache.rows.selection import MixSpec
 
     if "mix" in selection:
         selection = {"mix": MixSpec.from_raw([0.2, 0.3, 0.5])}
@@ -253,7 +253,7 @@ def test_resume_reuses_the_staged_rotation_and_equals_an_uninterrupted_build(tmp
 
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_a_flipped_bit_in_a_rotation_is_caught_by_verify_and_at_open(tmp_path, tiny_encoder, corpus, suffix):
-    from elmo_cache.selection import MixSpec
+    from elmo_cache.rows.selection import MixSpec
 
     output = tmp_path / ("q" + suffix)
     build(corpus, BuildOptions(output=output, quantize="opq:4", progress=False, mix=MixSpec.from_raw([0.2, 0.3, 0.5])),

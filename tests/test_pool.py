@@ -14,11 +14,11 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
-from elmo_cache.pooling import POOLS, parse_pool, pool_rows
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.pooling import POOLS, parse_pool, pool_rows
+from elmo_cache.rows.selection import MixSpec
 from elmo_cache.server import create_app
 from elmo_cache.text.tokenize import tokenize
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import corpus_lines, expected_rows, write_corpus
 from tests.server_helpers import LINES, UNSEEN, build_cache, decode, decode_item, run, settings
 

@@ -14,7 +14,7 @@ from elmo_cache.builder.options import disk_bytes
 from elmo_cache.builder.poolonly import full_output
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store.format import POOL_ONLY_FORMAT_VERSION
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 
 LINES = corpus_lines(30, seed=8)
@@ -158,8 +158,8 @@ def test_a_crash_in_the_strip_is_redone(tmp_path, tiny_encoder, monkeypatch):
 
 
 def test_export_and_dataset_refuse(tmp_path, tiny_encoder):
-    from elmo_cache.dataset import CacheDataset
-    from elmo_cache.export import export
+    from elmo_cache.compat.export import export
+    from elmo_cache.reader.dataset import CacheDataset
 
     _, _, only = _pair(tmp_path, tiny_encoder, ".h5", pool="mean")
     with pytest.raises(InvalidParameterError, match=r"stores only pooled sentence vectors \(--pool-only\), no token"):
@@ -274,7 +274,7 @@ def test_verify_accepts_rowless_offsets_only_for_a_pool_only_cache(tmp_path, tin
     import h5py
 
     from elmo_cache.store import open_with_library
-    from elmo_cache.verify import VerifyReport, _check_structure
+    from elmo_cache.verify.checks import VerifyReport, _check_structure
 
     _, _, only = _pair(tmp_path, tiny_encoder, ".h5", pool="mean", dedupe=True)
     fmt, raw, arrays, close = open_with_library(only)

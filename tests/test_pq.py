@@ -16,11 +16,11 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.errors import CacheCorruptError, CacheExistsError, InvalidParameterError
-from elmo_cache.pq import PQSentence, ProductQuantization, Training
-from elmo_cache.quantize import parse_quantize
+from elmo_cache.rows.pq import PQSentence, ProductQuantization, Training
+from elmo_cache.rows.quantize import parse_quantize
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import CODEBOOKS
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 from tests.test_resume import failing_on
 
@@ -99,7 +99,7 @@ def corpus(tmp_path_factory):
     ("suffix", "selection"), [(".zarr", {"layers": "0,2"}), (".h5", {}), (".zarr", {"mix": "0.2,0.3,0.5"})]
 )
 def test_a_pq_build_reads_back_near_the_float_build(tmp_path, tiny_encoder, corpus, suffix, selection):
-    from elmo_cache.selection import MixSpec
+    from elmo_cache.rows.selection import MixSpec
 
     if "mix" in selection:
         selection = {"mix": MixSpec.from_raw([0.2, 0.3, 0.5])}
@@ -325,7 +325,7 @@ def test_dataset_collate_export_and_cli(tmp_path, tiny_model, corpus, scheme):
         n = int(batch.lengths[b])
         np.testing.assert_array_equal(batch.vectors[b, :, :n].numpy(), cache[i])
         assert not batch.vectors[b, :, n:].any()  # padding is zeros, not (a rotation of) centroid 0
-    from elmo_cache.export import export
+    from elmo_cache.compat.export import export
 
     export(output, tmp_path / "allennlp.h5")
     with h5py.File(tmp_path / "allennlp.h5", "r") as f:

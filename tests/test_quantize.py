@@ -13,10 +13,10 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
-from elmo_cache.quantize import Quantization, QuantizedSentence, parse_quantize
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.quantize import Quantization, QuantizedSentence, parse_quantize
+from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 from tests.test_resume import failing_on
 
@@ -197,7 +197,7 @@ def test_dataset_collate_export_and_cli(tmp_path, tiny_encoder, tiny_model, corp
         np.testing.assert_array_equal(batch.vectors[b, :, :n].numpy(), want)
         assert not batch.vectors[b, :, n:].any()
     exported = tmp_path / "allennlp.h5"
-    from elmo_cache.export import export
+    from elmo_cache.compat.export import export
 
     export(output, exported)
     with h5py.File(exported, "r") as f:

@@ -20,7 +20,7 @@ from elmo_cache.errors import (
     ElmoCacheError,
     IncompleteCacheError,
 )
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests.reader_fixtures import (  # noqa: F401 (fixtures: pytest finds them by name)
     LINES,
     activations,
@@ -128,7 +128,7 @@ def test_corrupt_arrays(make_cache, fmt):
 
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_offsets_beyond_vectors(make_cache, fmt):
-    from elmo_cache.store._blocksums import block_sums
+    from elmo_cache.store.blocksums import block_sums
     from elmo_cache.store.format import SMALL_BLOCK_ROWS
 
     path = make_cache(fmt=fmt)

@@ -19,7 +19,7 @@ import pytest
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheExistsError, ElmoCacheError
 from elmo_cache.store import load_progress, staging_path
-from elmo_cache.verify import verify
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
 
 
@@ -75,7 +75,7 @@ def test_a_failed_finish_is_retried(tmp_path, tiny_encoder, monkeypatch, fmt):
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(40, seed=2))
     output = tmp_path / ("c.zarr" if fmt == "zarr" else "c.h5")
     # The module whose finish is made to fail: zarr's file writing, or the HDF5 container.
-    module = importlib.import_module("elmo_cache.store._zarr_write" if fmt == "zarr" else "elmo_cache.store.hdf5")
+    module = importlib.import_module("elmo_cache.store.zarr.write" if fmt == "zarr" else "elmo_cache.store.hdf5.writer")
 
     def failing(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -10,7 +10,7 @@ import torch
 
 from elmo_cache import ScalarMix
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.selection import MixSpec
 
 
 def test_forward_is_gamma_times_softmax_weighted_sum():

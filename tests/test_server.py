@@ -12,7 +12,7 @@ import torch
 
 import elmo_cache
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.selection import MixSpec, Selection
+from elmo_cache.rows.selection import MixSpec, Selection
 from elmo_cache.server import Settings, create_app, load_resources
 from elmo_cache.text.tokenize import tokenize
 from tests.server_helpers import (

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmo_cache.builder._rowsink import FRAGMENTS_DIR, RowSink, file_range, fragment_path
-from elmo_cache.store import Layout, _zarr_write
+from elmo_cache.builder.ray.rowsink import FRAGMENTS_DIR, RowSink, file_range, fragment_path
+from elmo_cache.store import Layout
 from elmo_cache.store import zarr as zarr_store
-from elmo_cache.store._staging import array_blocks
-from elmo_cache.store._vectorsfile import VectorsFileStream, copy_rows
 from elmo_cache.store.format import BUILD_DIR
+from elmo_cache.store.staging import array_blocks
+from elmo_cache.store.zarr import write as zarr_write
+from elmo_cache.store.zarr.vectors_file import VectorsFileStream, copy_rows
 
 ROW = (2, 4)
 
@@ -50,7 +51,7 @@ def test_stream_writes_the_file_write_vectors_file_writes(tmp_path, compression,
         got = stream.finish()
     assert got == want
     assert spools(tmp_path / "b") == []
-    for name in (zarr_store.vectors_file_path(Path(), lay, k), _zarr_write._sums_path(Path(), k)):
+    for name in (zarr_store.vectors_file_path(Path(), lay, k), zarr_write._sums_path(Path(), k)):
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes()
 
 
@@ -103,12 +104,12 @@ def test_row_sink_streams_a_part(tmp_path, first, end):
 
 
 def test_copy_rows_reads_in_blocks(tmp_path, monkeypatch):
-    from elmo_cache.store import _vectorsfile
+    from elmo_cache.store.zarr import vectors_file
 
     lay = layout()
     rows = rows_of(20)
     rows.tofile(tmp_path / "raw.bin")
-    monkeypatch.setattr(_vectorsfile, "_COPY_BYTES", 3 * lay.row_bytes)
+    monkeypatch.setattr(vectors_file, "_COPY_BYTES", 3 * lay.row_bytes)
 
     class Sink:
         def __init__(self) -> None:
@@ -172,12 +173,12 @@ def _mapped_rss_kb(address: int) -> int:
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="madvise needed")
 def test_array_blocks_copies_a_map_and_drops_its_pages(tmp_path, monkeypatch):
-    from elmo_cache.store import _durable, _staging
+    from elmo_cache.store import durable, staging
 
-    monkeypatch.setattr(_staging, "_COPY_BLOCK", 2**20)  # several pieces per block
+    monkeypatch.setattr(staging, "_COPY_BLOCK", 2**20)  # several pieces per block
     data = np.arange(4 * 2**20, dtype=np.int64)  # 32 MiB
     data.tofile(tmp_path / "a.bin")
-    mapped = _durable.RawColumn(tmp_path / "a.bin", "int64").read(len(data))
+    mapped = durable.RawColumn(tmp_path / "a.bin", "int64").read(len(data))
     step = 2**20  # 8 MiB blocks
     got = []
     for start, block in array_blocks(mapped, step):

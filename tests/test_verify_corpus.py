@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
-from elmo_cache.export import export
-from elmo_cache.verify import verify
+from elmo_cache.compat.export import export
+from elmo_cache.verify.checks import verify
 from tests._build_fixtures import corpus_lines, write_corpus
 
 LINES = corpus_lines(12, seed=5)

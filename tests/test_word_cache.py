@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from elmo_cache._word_cache import WordVectorCache
+from elmo_cache.encoder.word_cache import WordVectorCache
 
 
 def _computer():

@@ -11,10 +11,11 @@ import pytest
 
 import elmo_cache
 from elmo_cache import store
-from elmo_cache.store import Layout, Progress, _zarr_maps
+from elmo_cache.store import Layout, Progress
 from elmo_cache.store import zarr as zarr_store
 from elmo_cache.store.format import staging_path
-from elmo_cache.verify import verify
+from elmo_cache.store.zarr import maps as zarr_maps
+from elmo_cache.verify.checks import verify
 from tests.store_contract import DIM, _append, _metadata, _sentences
 
 ROW = (2, DIM)
@@ -71,7 +72,7 @@ def test_a_crash_after_finishing_files_but_before_the_commit_is_cut_back(tmp_pat
             raise Crash
 
         # progress.json is never written: the files finished by this commit must not count.
-        monkeypatch.setattr("elmo_cache.store._staging.atomic_write_json", fail)
+        monkeypatch.setattr("elmo_cache.store.staging.atomic_write_json", fail)
 
     with pytest.raises(Crash):
         write(output, sentences, layout(compression), crash=crash)
@@ -160,7 +161,7 @@ def test_a_damaged_shard_index_is_found_by_open(tmp_path):
 
 def test_more_files_than_the_mapping_limit(tmp_path, monkeypatch):
     """Files beyond the LRU's bound are unmapped and mapped again as needed; no descriptor leaks."""
-    monkeypatch.setattr(_zarr_maps, "_max_open_maps", lambda: 4)
+    monkeypatch.setattr(zarr_maps, "_max_open_maps", lambda: 4)
     sentences = _sentences(40, seed=9)
     output = finish(write(tmp_path / "c.zarr", sentences, layout()))
     before = len(os.listdir("/proc/self/fd"))
@@ -171,5 +172,5 @@ def test_more_files_than_the_mapping_limit(tmp_path, monkeypatch):
                 np.testing.assert_array_equal(cache[i], expected.transpose(1, 0, 2))
             assert len(cache._vectors._maps) == 4
             # Each array holds at most 4 mappings (one descriptor each before Python 3.13).
-            assert len(os.listdir("/proc/self/fd")) - before <= (0 if _zarr_maps._MAP_OPTIONS else 4 * 7)
-    assert len(os.listdir("/proc/self/fd")) <= before + (0 if _zarr_maps._MAP_OPTIONS else 4 * 7)
+            assert len(os.listdir("/proc/self/fd")) - before <= (0 if zarr_maps._MAP_OPTIONS else 4 * 7)
+    assert len(os.listdir("/proc/self/fd")) <= before + (0 if zarr_maps._MAP_OPTIONS else 4 * 7)

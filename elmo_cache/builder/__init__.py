@@ -9,8 +9,8 @@
 * :mod:`~elmo_cache.builder.skeleton`: :func:`build`, every build's steps whichever engine runs it;
 * :mod:`~elmo_cache.builder.engine`: the engine seam (:class:`~elmo_cache.builder.engine.Engine`) and
   its registry;
-* :mod:`~elmo_cache.builder.pipeline`: the local engine, reader, encoder and writer threads;
-* :mod:`~elmo_cache.builder.distributed` (with ``firstpass``, ``_parts``, ``_stitch``): the ray
+* :mod:`~elmo_cache.builder.local`: the local engine, reader, encoder and writer threads;
+* :mod:`~elmo_cache.builder.ray.engine` (with ``firstpass``, ``_parts``, ``_stitch``): the ray
   engine, the same build on a Ray cluster (``build(..., engine="ray")``; imports ray only when used).
 
 (The package is ``builder`` because ``elmo_cache.build`` is the public function.)
@@ -18,10 +18,10 @@
 
 from __future__ import annotations
 
+from elmo_cache.builder.api import build
 from elmo_cache.builder.options import BuildOptions, BuildSummary
 from elmo_cache.builder.plan import default_output, resolve_output
 from elmo_cache.builder.sizes import DEFAULT_CHUNK_ROWS, default_chunk_rows, default_shard_rows
-from elmo_cache.builder.skeleton import build
 
 __all__ = [
     "BuildOptions",

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.pq import CENTROIDS, ProductQuantization
-from elmo_cache.store._durable import atomic_write_json, fsync_path
+from elmo_cache.rows.pq import CENTROIDS, ProductQuantization
+from elmo_cache.store.durable import atomic_write_json, fsync_path
 from elmo_cache.store.format import BUILD_DIR, CODEBOOKS, checksum
 
 if TYPE_CHECKING:
     from elmo_cache.builder.encoding import Window
     from elmo_cache.builder.firstpass import FirstPass
     from elmo_cache.builder.plan import Plan
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder.encoder import Encoder
     from elmo_cache.text.corpus import Corpus
 
 __all__ = [
@@ -251,7 +251,7 @@ def _train_for_part_job(job: Any) -> None:
     import torch
 
     from elmo_cache.builder.firstpass import PLAN_DIR, load_first_pass
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder.encoder import Encoder
 
     torch.set_num_threads(job.torch_threads)
     first = load_first_pass(job.staging / BUILD_DIR / PLAN_DIR)
@@ -263,7 +263,7 @@ def _train_for_part_job(job: Any) -> None:
 
 def train_on_ray(ray: Any, job: Any, dim: int, *, gpu: bool, cpus: float) -> None:
     """The ray engine's codebooks: unless already staged (a resumed build), trained by one Ray task with a
-    worker's resources and encoder (``job``: the parts' :class:`~elmo_cache.builder._parts.PartJob`), so
+    worker's resources and encoder (``job``: the parts' :class:`~elmo_cache.builder.ray.parts.PartJob`), so
     that the driver loads no model and the sample is encoded on the workers' device type."""
     quantization = job.plan.quantization(dim)
     if not isinstance(quantization, ProductQuantization) or staged_codebooks(job.staging, quantization) is not None:

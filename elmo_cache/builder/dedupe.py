@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elmo_cache.builder._diskruns import RECORD, DiskRun, merge_runs, write_run
+from elmo_cache.builder.diskruns import RECORD, DiskRun, merge_runs, write_run
 from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.tokenize import sentence_key
 
@@ -49,7 +49,7 @@ class SeenSentences:
     A dict would need ~10x that. Runs are merged when the newest is at least half the size of the one
     before, so there are O(log n) of them to search. With a ``directory``, memory stays bounded whatever
     the corpus: once the runs in memory hold ``memory_items`` entries they go to disk as one sorted run
-    (:mod:`elmo_cache.builder._diskruns`), and runs on disk are merged the same way, file to file.
+    (:mod:`elmo_cache.builder.diskruns`), and runs on disk are merged the same way, file to file.
     """
 
     def __init__(self, directory: Path | None = None, memory_items: int | None = None) -> None:

@@ -5,7 +5,7 @@ A *window* is a run of consecutive sentences of about ``window_batches * batch_t
 encoded on its own (:class:`WindowEncoder`): its sentences sorted by length, batched by
 ``batch_tokens``, with an empty word cache. So the vectors of a window do not depend on which
 process encodes it, nor on what was encoded before: the local pipeline and the distributed build
-(:mod:`elmo_cache.builder.distributed`) give byte-identical caches.
+(:mod:`elmo_cache.builder.ray.engine`) give byte-identical caches.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from elmo_cache.builder._alloc import fix_mmap_threshold
+from elmo_cache.builder.alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
-from elmo_cache.pooling import pool_batch
+from elmo_cache.rows.pooling import pool_batch
 from elmo_cache.store.format import PRODUCT_SCHEMES
 
 if TYPE_CHECKING:
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder.encoder import Encoder
 
 __all__ = [
     "Window",
@@ -100,7 +100,7 @@ class WindowEncoder:
 
     def __init__(self, encoder: Encoder, plan: Plan, batch_tokens: int):
         # Both engines encode windows through here: without it the process's heap creeps up window after
-        # window (see elmo_cache.builder._alloc).
+        # window (see elmo_cache.builder.alloc).
         fix_mmap_threshold()
         self.encoder = encoder
         self.selection = plan.selection
@@ -155,7 +155,7 @@ class WindowEncoder:
     ) -> tuple[np.ndarray, np.ndarray | None, int]:
         """The rows of one window's ``new`` sentences from row ``rows_before`` on, with --pool the pooled
         vector of each of its sentences (zeros for empty ones, and for repeats until the store's finish
-        copies their first occurrence's: ``store._pooled.copy_repeats``), and the tokens encoded.
+        copies their first occurrence's: ``store.pooled.copy_repeats``), and the tokens encoded.
 
         ``progress(n)`` is called after each encoder batch with the sentences it finished, and once
         at the end with the window's sentences that needed no encoding (repeats, empty lines), so a

@@ -1,6 +1,6 @@
 """The engine seam: how a planned build is carried out, and the one registry of engines.
 
-:func:`elmo_cache.builder.skeleton.build` runs every build through the same steps: plan (the options
+:func:`elmo_cache.builder.api.build` runs every build through the same steps: plan (the options
 validated, the model described without loading it, the cache's identity), prepare the output
 (:func:`elmo_cache.builder.plan.prepare_output`), run, finish, summary. An :class:`Engine` does what
 differs between one process and many: what it cannot build, what it holds for the build, whose
@@ -27,7 +27,7 @@ from elmo_cache.errors import InvalidParameterError
 if TYPE_CHECKING:
     from elmo_cache.builder.options import BuildOptions
     from elmo_cache.builder.plan import Plan
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder.encoder import Encoder
     from elmo_cache.model.identity import ModelDescription
     from elmo_cache.model.sources import ModelFiles
     from elmo_cache.store import OutputState
@@ -37,8 +37,8 @@ __all__ = ["ENGINES", "BuildJob", "Engine", "EngineRun", "Finished", "engine_cla
 
 # name -> "module:class", imported on first use. The first is the default engine.
 _REGISTRY: dict[str, str] = {
-    "local": "elmo_cache.builder.pipeline:LocalEngine",
-    "ray": "elmo_cache.builder.distributed:RayEngine",
+    "local": "elmo_cache.builder.local:LocalEngine",
+    "ray": "elmo_cache.builder.ray.engine:RayEngine",
 }
 
 ENGINES = tuple(_REGISTRY)

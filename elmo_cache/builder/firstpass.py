@@ -21,9 +21,9 @@ import numpy as np
 from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store._durable import RawColumn, atomic_write_json, fsync_path
-from elmo_cache.store._staging import encode_tokens
+from elmo_cache.store.durable import RawColumn, atomic_write_json, fsync_path
 from elmo_cache.store.format import TEXT_ENCODING
+from elmo_cache.store.staging import encode_tokens
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash, split_key
 

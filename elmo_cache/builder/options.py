@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_cache.builder.engine import ENGINES
-from elmo_cache.selection import MixSpec
+from elmo_cache.rows.selection import MixSpec
 
 __all__ = ["ENGINES", "BuildOptions", "BuildSummary", "disk_bytes"]
 
@@ -29,12 +29,12 @@ class BuildOptions:
     # Store float16 instead of float32 (half the bytes); selection and mixing happen in float32 first.
     fp16: bool = False
     # Quantise the stored vectors: None/"none" (floats) or "int8" (one int8 code per value and one float32
-    # scale per vector, elmo_cache.quantize); done in float32 after selection/mixing. Exclusive with fp16.
+    # scale per vector, elmo_cache.rows.quantize); done in float32 after selection/mixing. Exclusive with fp16.
     quantize: str | None = None
     # pq/opq: token rows of the corpus (its first, in line order) the codebooks are trained on; None: 65,536
-    # (elmo_cache.pq.Training). Fewer train faster (opq of the Original model: hours at the default) and fit worse.
+    # (elmo_cache.rows.pq.Training). Fewer train faster (opq of the Original model: hours at the default) and fit worse.
     codebook_sample: int | None = None
-    # Also store one pooled vector per sentence: None/"none", "mean", "max" or "first-last" (elmo_cache.pooling),
+    # Also store one pooled vector per sentence: None/"none", "mean", "max" or "first-last" (elmo_cache.rows.pooling),
     # over each stored layer or the mix, from the float32 rows before any cast; read by Cache.sentence_vector.
     pool: str | None = None
     # Store the pooled vectors *instead of* the token vectors (needs ``pool``): ``vectors`` gets no rows, so the
@@ -58,7 +58,7 @@ class BuildOptions:
     device: str | None = None
     # Encoder arithmetic "fp32", "bf16" or "fp16" (part of the cache identity: it changes the vectors).
     precision: str = "fp32"
-    # LSTM initial state "zero" or "warm" (see elmo_cache.encoder); "carry" is batch dependent, refused.
+    # LSTM initial state "zero" or "warm" (see elmo_cache.encoder.encoder); "carry" is batch dependent, refused.
     initial_state: str = "zero"
     # Tokens per encoder batch (each sentence counts its length + 2 boundary tokens); None: 8192 CPU, 32768 CUDA.
     batch_tokens: int | None = None

@@ -21,11 +21,10 @@ from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
-from elmo_cache.pooling import POOLS, Pool, parse_pool
-from elmo_cache.quantize import make_quantization, parse_quantize
-from elmo_cache.selection import MixSpec, Selection
+from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
+from elmo_cache.rows.quantize import make_quantization, parse_quantize
+from elmo_cache.rows.selection import MixSpec, Selection
 from elmo_cache.store import Layout, OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
-from elmo_cache.store.container import container_names, get_container
 from elmo_cache.store.format import (
     BUILD_DIR,
     FORMAT_NAME,
@@ -39,6 +38,7 @@ from elmo_cache.store.format import (
     TOKENIZATIONS,
     staging_path,
 )
+from elmo_cache.store.registry import container_names, get_container
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.formats import check_input_format
 
@@ -107,16 +107,16 @@ class Plan:
     compression: str | None
     # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
     shard_rows: int | None = None
-    # Quantisation of the stored vectors ("int8", "pq:M", "opq:M"; elmo_cache.quantize), None for floats; dtype is then
-    # the scheme's (QUANTIZED_DTYPES).
+    # Quantisation of the stored vectors ("int8", "pq:M", "opq:M"; elmo_cache.rows.quantize), None for floats;
+    # dtype is then the scheme's (QUANTIZED_DTYPES).
     quantize: str | None = None
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
     input_format: str = "lines"
-    # Pooled sentence vectors stored beside the token vectors (elmo_cache.pooling.POOLS), None for none.
+    # Pooled sentence vectors stored beside the token vectors (elmo_cache.rows.pooling.POOLS), None for none.
     pool: str | None = None
     # --pool-only: the pooled vectors instead of the token vectors (elmo_cache.builder.poolonly).
     pool_only: bool = False
-    # pq/opq: token rows the codebooks are trained on (None: elmo_cache.pq.Training's default).
+    # pq/opq: token rows the codebooks are trained on (None: elmo_cache.rows.pq.Training's default).
     codebook_sample: int | None = None
 
     def pooling(self) -> Pool | None:
@@ -198,7 +198,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     get_container(fmt).check_options(compression=compression, chunk_rows=chunk_rows, shard_rows=shard_rows)
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
-    from elmo_cache.hardware import PRECISIONS
+    from elmo_cache.encoder.hardware import PRECISIONS
 
     if options.precision not in PRECISIONS:
         raise InvalidParameterError(f"precision: {options.precision!r} is not valid; choose from {list(PRECISIONS)}")

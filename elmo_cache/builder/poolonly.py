@@ -31,6 +31,7 @@ import numpy as np
 
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
 from elmo_cache.builder.plan import format_version, identity, make_plan, options_json, prepare_output
+from elmo_cache.builder.skeleton import build_cache, model_description
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store import OutputKind, Progress, open_arrays, read_metadata, remove_output
 from elmo_cache.store.format import ARRAYS, POOLED_ARRAY, TEXT_ENCODING, staging_path
@@ -40,7 +41,7 @@ from elmo_cache.text.tokenize import key_hash, split_key
 
 if TYPE_CHECKING:
     from elmo_cache.builder.engine import Engine
-    from elmo_cache.encoder import Encoder
+    from elmo_cache.encoder.encoder import Encoder
 
 __all__ = ["build_pool_only", "full_output"]
 
@@ -55,8 +56,6 @@ def full_output(output: Path) -> Path:
 
 def build_pool_only(source: Corpus, options: BuildOptions, engine: Engine, encoder: Encoder | None) -> BuildSummary:
     """The pool-only build of ``source`` by ``engine`` (see the module docstring)."""
-    from elmo_cache.builder.skeleton import model_description, run_build
-
     began = time.monotonic()
     plan = make_plan(source, options)
     full = full_output(plan.output)
@@ -73,7 +72,7 @@ def build_pool_only(source: Corpus, options: BuildOptions, engine: Engine, encod
             meta = found.meta
             return BuildSummary.already_there(plan.output, plan.format, meta, engine.name)
         full_options = dataclasses.replace(options, output=full, format=plan.format, pool_only=False)
-        summary = run_build(source, full_options, engine, encoder)
+        summary = build_cache(source, full_options, engine, encoder)
         _strip(full, plan.output, plan.layout(model.output_dim), ident, options)
         remove_output(full)
         return dataclasses.replace(

@@ -9,7 +9,7 @@ Stateless by default (every sentence from the zero LSTM state: the fix for 0.9's
 ``ElmoEmbedder(..., stateful=True)`` carries state across batches as 0.9 did.
 """
 
-from elmo_cache.compat._embedder import ElmoEmbedder
-from elmo_cache.compat._file import DEFAULT_BATCH_SIZE, OUTPUT_FORMATS, EmbedFileSummary
+from elmo_cache.compat.embedder import ElmoEmbedder
+from elmo_cache.compat.hdf5_file import DEFAULT_BATCH_SIZE, OUTPUT_FORMATS, EmbedFileSummary
 
 __all__ = ["ElmoEmbedder", "EmbedFileSummary", "DEFAULT_BATCH_SIZE", "OUTPUT_FORMATS"]

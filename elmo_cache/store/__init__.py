@@ -10,7 +10,7 @@ Every format-specific answer comes from the container registry (:mod:`elmo_cache
 this module picks the container of a path or a format name. A build asks :func:`writer_class`
 for the writer of its format, creates or resumes it (``Writer.create`` / ``Writer.resume``),
 appends sentences in input order, commits now and then (everything committed survives
-``kill -9``), and finally calls ``finalize``. :class:`elmo_cache.reader.Cache` opens caches
+``kill -9``), and finally calls ``finalize``. :class:`elmo_cache.reader.cache.Cache` opens caches
 through :func:`detect` and :func:`open_arrays`.
 """
 
@@ -29,19 +29,12 @@ from elmo_cache.errors import (
     CacheNotFoundError,
     IncompleteCacheError,
 )
-from elmo_cache.store._staging import Layout, Progress, Writer, load_progress
-from elmo_cache.store.container import (
-    Container,
-    OutputKind,
-    OutputState,
-    container_for_suffix,
-    container_names,
-    containers,
-    get_container,
-)
+from elmo_cache.store.container import Container, OutputKind, OutputState
 from elmo_cache.store.format import BUILD_DIR, STAGING_SUFFIX, ZARR_JSON, staging_path
-from elmo_cache.store.hdf5 import Hdf5Writer
+from elmo_cache.store.hdf5.writer import Hdf5Writer
 from elmo_cache.store.lock import current_builder
+from elmo_cache.store.registry import container_for_suffix, container_names, containers, get_container
+from elmo_cache.store.staging import Layout, Progress, Writer, load_progress
 from elmo_cache.store.zarr import (
     COMPRESSIONS,
     SMALL_CHUNK,

@@ -1,4 +1,4 @@
-"""The container seam: what a store format must provide, and the one registry of formats.
+"""The container seam: what a store format must provide (the registry of formats is :mod:`elmo_cache.store.registry`).
 
 A container is one way of laying docs/FORMAT.md's arrays on disk (a zarr v3 directory, an HDF5
 file). Everything that differs between formats lives behind :class:`Container`: its suffixes
@@ -10,35 +10,27 @@ format's name.
 A build asks :meth:`Container.inspect` what is at its output (:class:`OutputState`): a finished cache,
 something else, an interrupted build its writer resumes, or nothing.
 
-Adding a format: one module with a class implementing :class:`Container`, one line in
-:func:`_builtin` (or :func:`register_container` from outside), and one subclass of the store
-contract tests (``tests/test_store_contract.py``).
+Adding a format: a subpackage with a class implementing :class:`Container`, one line in
+:mod:`elmo_cache.store.registry` (or its ``register_container`` from outside), and one subclass of
+the store contract tests.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from elmo_cache.errors import InvalidParameterError
-
 if TYPE_CHECKING:
-    from elmo_cache.store._staging import Progress, Writer
+    from elmo_cache.store.staging import Progress, Writer
 
 __all__ = [
     "Container",
     "OutputKind",
     "OutputState",
     "inspect_store",
-    "register_container",
-    "get_container",
-    "container_names",
-    "containers",
-    "container_for_suffix",
 ]
 
 
@@ -75,7 +67,7 @@ def inspect_store(
 ) -> OutputState:
     """:meth:`Container.inspect` for a container whose store at ``output`` it already owns (``read_metadata``
     reads it without checking that again), or when nothing is at ``output``."""
-    from elmo_cache.store._staging import load_progress
+    from elmo_cache.store.staging import load_progress
 
     if output.exists() or output.is_symlink():
         meta = read_metadata(output)
@@ -143,53 +135,3 @@ class Container(Protocol):
     def structure_problems(self, meta: dict[str, Any], arrays: dict[str, Any]) -> list[str]:
         """What breaks this container's own layout rules (chunking, contiguity) in opened arrays."""
         ...
-
-
-_REGISTRY: dict[str, Container] = {}
-
-
-def _builtin() -> dict[str, Container]:
-    if not _REGISTRY:
-        from elmo_cache.store._hdf5_container import Hdf5Container
-        from elmo_cache.store._zarr_container import ZarrContainer
-
-        for container in (ZarrContainer(), Hdf5Container()):  # the first is the default format
-            _REGISTRY[container.name] = container
-    return _REGISTRY
-
-
-def register_container(container: Container) -> None:
-    """Add a container to the registry (after the built-in ones)."""
-    if not isinstance(container, Container):
-        raise TypeError(f"{container!r} does not implement the Container protocol")
-    registry = _builtin()
-    if container.name in registry:
-        raise InvalidParameterError(f"a container named {container.name!r} is already registered")
-    taken = {suffix for known in registry.values() for suffix in known.suffixes} & set(container.suffixes)
-    if taken:
-        raise InvalidParameterError(f"suffixes {sorted(taken)} already belong to another container")
-    registry[container.name] = container
-
-
-def containers() -> tuple[Container, ...]:
-    """Every registered container, the default first."""
-    return tuple(_builtin().values())
-
-
-def container_names() -> tuple[str, ...]:
-    """The valid ``--format`` values, the default first."""
-    return tuple(_builtin())
-
-
-def get_container(name: str) -> Container:
-    """The container called ``name``; the error lists the valid ones."""
-    try:
-        return _builtin()[name]
-    except KeyError:
-        raise InvalidParameterError(f"format: {name!r} is not valid; choose from {list(container_names())}") from None
-
-
-def container_for_suffix(path: str | os.PathLike[str]) -> Container | None:
-    """The container a path's suffix asks for (``.zarr``, ``.h5``...), or None."""
-    suffix = Path(path).suffix.lower()
-    return next((c for c in containers() if suffix in c.suffixes), None)

@@ -128,7 +128,7 @@ OPTIONAL_ARRAYS = (POOLED_ARRAY, CODEBOOKS)
 others, and named only when a cache holds them; older readers ignore them."""
 
 POOL_METHODS = ("mean", "max", "first-last")
-"""Metadata ``pool.method`` values (elmo_cache.pooling)."""
+"""Metadata ``pool.method`` values (elmo_cache.rows.pooling)."""
 
 BLOCK_SUMS = {name: "blocksums/" + name.replace("/", "_") for name in ARRAYS + OPTIONAL_ARRAYS}
 """For each array, the uint32 array holding the CRC-32C of each of its blocks of rows (FORMAT.md)."""
@@ -160,7 +160,7 @@ VECTOR_DTYPES = ("float16", "float32")
 """Storage dtypes of float ``vectors``."""
 
 QUANTIZED_DTYPE = "int8"
-"""Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.quantize)."""
+"""Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.rows.quantize)."""
 
 QUANTIZATION_SCHEMES = ("int8", "pq", "opq")
 """Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector;
@@ -168,7 +168,7 @@ QUANTIZATION_SCHEMES = ("int8", "pq", "opq")
 vector after an orthonormal rotation, the rotations stored after the centroids in :data:`CODEBOOKS`."""
 
 PRODUCT_SCHEMES = ("pq", "opq")
-"""The product-quantised schemes (elmo_cache.pq): codes of sub-vectors, codebooks in :data:`CODEBOOKS`."""
+"""The product-quantised schemes (elmo_cache.rows.pq): codes of sub-vectors, codebooks in :data:`CODEBOOKS`."""
 
 OPQ_ROTATION = "after-centroids"
 """Metadata ``quantization.rotation`` of an ``opq`` cache: where its rotations are (FORMAT.md)."""

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from elmo_cache.encoder.hardware import resolve_device
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.hardware import resolve_device
 
 __all__ = ["Group", "join", "leave", "launched_by_torchrun", "rank_seed"]
 

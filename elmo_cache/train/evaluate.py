@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from elmo_cache.encoder.hardware import resolve_device
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.hardware import resolve_device
 from elmo_cache.model.chars import sentence_char_ids
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.data import StreamBatch, TokenizedCorpus
@@ -114,9 +114,9 @@ def perplexity(
 
 def warm_state(model: TrainableBiLM) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The encoder's "warm" initial state for a trainable model: per layer ``(h (2, 1, P), c (2, 1, D))``
-    after reading :data:`~elmo_cache.encoder.WARMUP_TEXT` from zeros, one sentence after another,
+    after reading :data:`~elmo_cache.encoder.encoder.WARMUP_TEXT` from zeros, one sentence after another,
     each direction reading every sentence in its own order (as the encoder's carried state does)."""
-    from elmo_cache.encoder import WARMUP_TEXT
+    from elmo_cache.encoder.encoder import WARMUP_TEXT
 
     device = model.softmax_weight.device
     state = model.zero_state(1, device)

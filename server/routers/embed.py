@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from elmo_cache.selection import Selection
+from elmo_cache.rows.selection import Selection
 from elmo_cache.server.deps import ServiceDep, TimingsDep
 from elmo_cache.server.errors import error_responses
 from elmo_cache.server.formats import NPY_MEDIA_TYPE, NPZ_MEDIA_TYPE, Format, render_many, render_one
@@ -74,7 +74,7 @@ _POOL_DOC = (
 
 
 class PoolName(str, enum.Enum):
-    """The pools ``/embed`` computes (elmo_cache.pooling.POOLS)."""
+    """The pools ``/embed`` computes (elmo_cache.rows.pooling.POOLS)."""
 
     mean = "mean"
     max = "max"

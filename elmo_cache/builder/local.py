@@ -1,0 +1,412 @@
+"""The local engine of ``build``: walk a corpus once and write its ELMo vectors into a cache (docs/FORMAT.md).
+
+The build's steps (plan, output, summary) are :mod:`elmo_cache.builder.skeleton`'s; this engine
+runs and finishes it in one process. Three stages overlap, each in its own thread, so the build
+runs at the encoder's speed:
+
+* a reader streams the corpus and cuts it into *windows* of about ``window_batches *
+  batch_tokens`` tokens (a deterministic function of the corpus, see below);
+* the main thread sorts each window's sentences by length, encodes them in batches of at
+  most ``batch_tokens`` tokens, selects layers or mixes (float32), casts, and puts every
+  sentence's rows back in input order into one buffer per window;
+* a writer thread appends windows to the store and commits now and then.
+
+Resuming. Commits happen only at window ends and windows depend only on the corpus and the
+options, so a resumed build encodes exactly the batches an uninterrupted one would, and the
+cache it ends with is identical. On resume the committed lines are re-read and their hashes
+compared with the stored ones, so a corpus that changed in the meantime is an error.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from elmo_cache.builder.codebooks import corpus_windows, final_arrays, train_in_process
+from elmo_cache.builder.dedupe import SeenSentences
+from elmo_cache.builder.encoding import Window, WindowCutter, WindowEncoder, assign_window, default_batch_tokens
+from elmo_cache.builder.engine import BuildJob, Finished
+from elmo_cache.builder.options import BuildOptions
+from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
+from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
+from elmo_cache.store import OutputKind, OutputState, Progress, Writer, staging_path, writer_class
+from elmo_cache.text.corpus import Corpus
+from elmo_cache.text.tokenize import sentence_hash
+
+if TYPE_CHECKING:
+    from elmo_cache.encoder.encoder import Encoder
+
+__all__ = ["LocalEngine", "LocalRun", "load_encoder"]
+
+
+@dataclass
+class _Encoded:
+    vectors: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    hashes: np.ndarray
+    encoded_tokens: int
+    tokens: list[list[str]]
+    # The window's pooled vectors (--pool), else None.
+    pooled: np.ndarray | None = None
+
+
+class _End:
+    def __init__(self, done: bool):
+        self.done = done
+
+
+class _Stop(Exception):
+    """The consumer went away; the reader thread just ends."""
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event) -> None:
+    while True:
+        if stop.is_set():
+            raise _Stop
+        try:
+            q.put(item, timeout=0.2)
+            return
+        except queue.Full:
+            continue
+
+
+def _read_windows(
+    source: Corpus,
+    start: int,
+    committed: np.ndarray | None,
+    window_tokens: int,
+    output: queue.Queue,
+    stop: threading.Event,
+) -> None:
+    """Reader thread: put windows (then None at the end, or the exception that stopped it)."""
+    cutter = WindowCutter(start, window_tokens)
+    try:
+        check: list[int] = []
+        read = 0
+        for number, sentence in source.sentences():
+            read = number + 1
+            h = sentence_hash(sentence)
+            if number < start:
+                # Re-read committed lines only to prove the corpus is the one they came from.
+                check.append(h)
+                if len(check) == 65536 or read == start:
+                    _check_prefix(source, committed, read - len(check), check)
+                    check = []
+                continue
+            window = cutter.add(sentence, h)
+            if window is not None:
+                _put(output, window, stop)
+        if read < start:
+            raise CacheExistsError(
+                f"{source.name} has {read} lines but the interrupted build already stored {start}; the corpus changed "
+                "since. Pass --overwrite to start over"
+            )
+        window = cutter.flush()
+        if window is not None:
+            _put(output, window, stop)
+        _put(output, None, stop)
+    except _Stop:
+        return
+    except BaseException as exc:
+        try:
+            # Lines before a bad one are kept: nothing readable is lost.
+            window = cutter.flush()
+            if window is not None:
+                _put(output, window, stop)
+            _put(output, exc, stop)
+        except _Stop:
+            return
+
+
+def _check_prefix(source: Corpus, committed: np.ndarray | None, first: int, hashes: list[int]) -> None:
+    if committed is None:
+        return
+    stored = np.asarray(committed[first : first + len(hashes)])
+    mismatch = np.flatnonzero(stored != np.array(hashes, dtype=np.uint64))
+    if len(mismatch):
+        line = first + int(mismatch[0])
+        raise CacheExistsError(
+            f"{source.name}, line {line + 1}: differs from the line the interrupted build stored; the corpus changed "
+            "since. Pass --overwrite to start over"
+        )
+
+
+class _WriterThread(threading.Thread):
+    def __init__(self, writer: Writer, commit_seconds: float, bar: Any, run_start: float):
+        super().__init__(name="elmo-cache-writer", daemon=True)
+        self.writer = writer
+        self.commit_seconds = commit_seconds
+        self.bar = bar
+        self.queue: queue.Queue = queue.Queue(maxsize=1)  # one window waits while one is written
+        self.error: BaseException | None = None
+        self.tokens = 0
+        self.run_start = run_start
+        self._last_commit = time.monotonic()
+        self._encoded_since = 0
+
+    def _commit(self, done: bool) -> None:
+        now = time.monotonic()
+        self.writer.commit(done=done, seconds=now - self._last_commit, encoded_tokens=self._encoded_since)
+        self._last_commit = now
+        self._encoded_since = 0
+
+    def run(self) -> None:
+        try:
+            while True:
+                item = self.queue.get()
+                if isinstance(item, _End):
+                    self._commit(item.done)
+                    return
+                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens, item.pooled)
+                self._encoded_since += item.encoded_tokens
+                self.tokens += int(item.lengths.sum(dtype=np.int64))
+                if self.bar is not None:  # the count moves as sentences are encoded; this adds what is written
+                    rate = self.tokens / max(1e-9, time.monotonic() - self.run_start)
+                    self.bar.set_postfix_str(f"{self.tokens:,} tokens written, {rate:,.0f} tok/s")
+                if time.monotonic() - self._last_commit >= self.commit_seconds:
+                    self._commit(False)
+        except BaseException as exc:
+            self.error = exc
+            while True:  # unblock the producer; nothing more will be written
+                try:
+                    self.queue.get_nowait()
+                except queue.Empty:
+                    break
+
+
+def _encode_window(
+    encode: WindowEncoder, seen: SeenSentences | None, window: Window, rows_before: int, bar: Any
+) -> _Encoded:
+    offsets, new = assign_window(window, rows_before, seen)
+    progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
+    vectors, pooled, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before, progress)
+    return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class LocalEngine:
+    """The one-process engine: reader, encoder and writer threads (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(self, encoder: Encoder | None = None):
+        # The encoder given to build(), used instead of loading the model.
+        self.given = encoder
+        # The encoder the windows are encoded with, set by session().
+        self.encoder: Encoder | None = None
+
+    @classmethod
+    def from_arguments(cls, *, encoder: Encoder | None, address: str | None, workers: int | None) -> LocalEngine:
+        if address is not None or workers is not None:
+            raise InvalidParameterError("address, workers: only the ray engine takes them (engine='ray')")
+        return cls(encoder)
+
+    def check(self, source: Corpus, plan: Plan) -> None:
+        """Any corpus and container: nothing to refuse."""
+
+    @contextmanager
+    def session(self, job: BuildJob) -> Iterator[None]:
+        # Loaded before the output is touched: a model that cannot load (a precision this CPU lacks)
+        # must not cost an --overwrite its old cache.
+        self.encoder = self.given if self.given is not None else load_encoder(job)
+        yield
+
+    def interrupted(self, output: Path, found: OutputState) -> bool:
+        return found.progress is not None  # the writer's committed progress (Container.inspect)
+
+    def start(self, job: BuildJob, found: OutputState) -> LocalRun:
+        assert self.encoder is not None, "start() runs inside session()"
+        return LocalRun(job, self.encoder, found)
+
+
+def load_encoder(job: BuildJob) -> Encoder:
+    """The encoder of the job's model files, on the options' device."""
+    from elmo_cache.encoder.encoder import Encoder
+
+    options = job.options
+    return Encoder.load(
+        job.model_files, device=options.device, precision=options.precision, initial_state=options.initial_state
+    )
+
+
+class LocalRun:
+    """One local build from its staging (created, or resumed from its last commit) to the published cache."""
+
+    def __init__(self, job: BuildJob, encoder: Encoder, found: OutputState):
+        self.job = job
+        self.encoder = encoder
+        # This run's wall time counts from here: after the model loaded.
+        self.began = time.monotonic()
+        plan, options = job.plan, job.options
+        layout = plan.layout(job.model.output_dim)
+        self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
+        cls = writer_class(plan.format)
+        if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)
+            check_resumed(staging_path(plan.output), found.progress.identity, job.identity)
+        try:
+            if found.kind is OutputKind.RESUMABLE:
+                assert found.progress is not None
+                self.writer = cls.resume(plan.output, layout, found.progress)
+            else:
+                progress = Progress(identity=job.identity, started=_now())
+                meta = metadata(
+                    job.identity,
+                    progress,
+                    complete=False,
+                    n_unique=0,
+                    build_info={**self.build_info, "started": progress.started},
+                )
+                self.writer = cls.create(plan.output, layout, progress, meta)
+        except OSError as exc:
+            raise ElmoCacheError(f"cannot write the build of {plan.output} ({exc})") from None
+        self.resumed_from, self.tokens_from = self.writer.progress.lines, self.writer.progress.tokens
+
+    def run(self) -> None:
+        if not self.writer.progress.done:
+            job = self.job
+            batch_tokens = default_batch_tokens(
+                job.options, getattr(getattr(self.encoder, "device", None), "type", "cpu")
+            )
+            # pq: the codebooks, trained on the corpus's first windows before any row is written (or staged before).
+            windows = corpus_windows(job.source, batch_tokens * job.options.window_batches)
+            train_in_process(self.writer.staging, job.plan, self.encoder, windows, batch_tokens)
+            _run(job.source, job.plan, job.options, self.encoder, self.writer, self.began)
+
+    def finish(self) -> Finished:
+        plan, progress = self.job.plan, self.writer.progress
+        hashes, _ = self.writer.index()
+        self.build_info.update(
+            started=progress.started,
+            finished=_now(),
+            seconds=round(progress.seconds, 3),
+            tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
+        )
+        meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
+        self.writer.extra_arrays = final_arrays(self.writer.staging, plan, self.job.model.output_dim)
+        try:
+            path = self.writer.finalize(meta)
+        except OSError as exc:
+            raise ElmoCacheError(f"cannot finish {plan.output} ({exc}); rerun the same command to retry") from None
+        return Finished(
+            path,
+            progress.lines,
+            progress.tokens,
+            progress.rows,
+            len(hashes),
+            time.monotonic() - self.began,
+            progress.tokens - self.tokens_from,
+            {"resumed_from": self.resumed_from},
+        )
+
+
+def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, writer: Writer, run_start: float) -> None:
+    """Encode from the last committed line to the end of the corpus, committing as it goes."""
+    progress = writer.progress
+    batch_tokens = default_batch_tokens(options, getattr(getattr(encoder, "device", None), "type", "cpu"))
+    committed = writer.hashes.read(progress.lines) if progress.lines else None
+    seen = None
+    if options.dedupe:
+        seen = SeenSentences.rebuild(
+            np.asarray(committed) if committed is not None else np.empty(0, np.uint64),
+            np.asarray(writer.offsets.read(progress.lines)),
+            np.asarray(writer.lengths.read(progress.lines)),
+            writer.committed_key,
+            writer.build_dir / "seen",
+        )
+    encode = WindowEncoder(encoder, plan, batch_tokens)
+
+    bar = None
+    if options.progress:
+        from tqdm import tqdm
+
+        total = source.count_sentences() if source.is_regular_file else None
+        bar = tqdm(
+            total=total,
+            initial=progress.lines,
+            unit=" sent",
+            desc="encoding",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
+    windows: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    reader = threading.Thread(
+        target=_read_windows,
+        name="elmo-cache-reader",
+        daemon=True,
+        args=(source, progress.lines, committed, batch_tokens * options.window_batches, windows, stop),
+    )
+    writer_thread = _WriterThread(writer, options.commit_seconds, bar, run_start)
+    reader.start()
+    writer_thread.start()
+    rows = progress.rows
+    failure: BaseException | None = None
+    done = False
+    try:
+        with torch.inference_mode():
+            while True:
+                item = windows.get()
+                if item is None:
+                    done = True
+                    break
+                if isinstance(item, BaseException):
+                    failure = item
+                    break
+                try:
+                    encoded = _encode_window(encode, seen, item, rows, bar)
+                except torch.cuda.OutOfMemoryError:
+                    raise ElmoCacheError(
+                        f"the device ran out of memory encoding lines {item.first_line + 1}-"
+                        f"{item.first_line + len(item.tokens)}; "
+                        f"rerun with a smaller --batch-tokens (now {batch_tokens}) to resume"
+                    ) from None
+                rows += len(encoded.vectors)
+                while True:  # hand over, unless the writer died
+                    if writer_thread.error is not None:
+                        break
+                    try:
+                        writer_thread.queue.put(encoded, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if writer_thread.error is not None:
+                    break
+    finally:
+        stop.set()
+        # Whatever happened, let the writer commit what it already has: nothing is lost.
+        if writer_thread.error is None:
+            writer_thread.queue.put(_End(done))
+        writer_thread.join()
+        if bar is not None:
+            bar.close()
+        reader.join(timeout=5)
+        if seen is not None:
+            seen.close()
+    if writer_thread.error is not None:
+        exc = writer_thread.error
+        if isinstance(exc, ElmoCacheError):
+            raise exc
+        raise ElmoCacheError(
+            f"writing {writer.staging} failed ({exc}); everything committed before is kept: "
+            "fix the cause (disk space?) and rerun the same command to resume"
+        ) from exc
+    if failure is not None:
+        if isinstance(failure, (ElmoCacheError, KeyboardInterrupt)):
+            raise failure
+        raise CorpusError(f"reading {source.name} failed ({failure})") from failure

@@ -1,0 +1,364 @@
+"""Crash-safe staging shared by both containers.
+
+A build writes into ``<output>.partial/``. Its ``.build/`` folder holds append-only raw
+files (one per per-sentence array) and ``progress.json``. Data files are flushed and
+fsync'ed *before* ``progress.json`` is replaced atomically (write a temporary file, fsync,
+``os.replace``), so ``progress.json`` never claims bytes that are not on disk. Whatever a
+``kill -9`` leaves beyond the committed sizes is garbage and is cut off on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.durable import RawColumn, atomic_write_json
+from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY, PROGRESS_FILE, TEXT_ENCODING, staging_path
+from elmo_cache.store.pooled import pooled_column
+from elmo_cache.store.sentence_index import index_in_memory, sort_index
+from elmo_cache.text.tokenize import sentence_key
+
+# Bytes per read when a staging file is copied or read in pieces.
+_COPY_BLOCK = 16 * 2**20
+
+__all__ = [
+    "Layout",
+    "Progress",
+    "Writer",
+    "encode_tokens",
+    "sentence_index",
+    "offsets_after_zero",
+    "array_blocks",
+    "load_progress",
+]
+
+
+def encode_tokens(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """``tokens/bytes`` of consecutive sentences (uint8) and each sentence's byte count (int64).
+
+    A sentence is stored as its key (:func:`elmo_cache.text.tokenize.sentence_key`).
+    """
+    keys = [sentence_key(tokens).encode(*TEXT_ENCODING) for tokens in token_lists]
+    sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    return np.frombuffer(b"".join(keys), dtype=np.uint8), sizes
+
+
+def sentence_index(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index/hashes`` and ``index/rows`` of FORMAT.md from every line's hash: the sorted distinct
+    hashes and the line of each one's first occurrence, sorted in memory (about 33 bytes per line;
+    :func:`elmo_cache.store.sentence_index.sort_index` does it in bounded memory)."""
+    return index_in_memory(hashes)
+
+
+def offsets_after_zero(ends: Path, n: int, dest: Path) -> np.ndarray:
+    """``[0, *ends[:n]]`` (int64) written to ``dest`` and memory-mapped: ``tokens/offsets`` from the
+    ``text_ends`` column, copied file to file instead of built in memory (8 bytes a line)."""
+    with open(ends, "rb") as source, open(dest, "wb") as out:
+        out.write(bytes(8))
+        left = n * 8
+        while left:
+            chunk = source.read(min(left, _COPY_BLOCK))
+            if not chunk:
+                raise CacheFormatError(f"{ends}: shorter than its {n} committed items")
+            out.write(chunk)
+            left -= len(chunk)
+    return np.memmap(dest, dtype=np.int64, mode="r", shape=(n + 1,))
+
+
+def array_blocks(data: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, copy of data[start:start + step])`` over an array's rows. Pages of a whole-file map
+    (``RawColumn.read``) are dropped from the process once copied: left mapped, every page read
+    would stay resident, a corpus-sized share of the process by the end of a build. (The file's
+    pages stay in the page cache; only this process's hold on them goes.)"""
+    n = len(data)
+    whole_map = isinstance(data, np.memmap) and isinstance(data.base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    if whole_map:
+        base = data.base
+        assert isinstance(base, mmap.mmap)
+        where = data.ctypes.data - np.frombuffer(base, dtype=np.uint8).ctypes.data  # the array's start in the map
+    row_bytes = max(1, data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64)))
+    # Within a block, pages are dropped a piece at a time as they are copied: dropped only after the
+    # whole block, a block's worth of mapped pages sat beside its copy (64 MiB of text in a zarr finish).
+    piece = max(1, _COPY_BLOCK // row_bytes)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        if not whole_map:
+            yield start, np.array(data[start:stop])
+            continue
+        block = np.empty((stop - start, *data.shape[1:]), dtype=data.dtype)
+        for a in range(start, stop, piece):
+            b = min(stop, a + piece)
+            block[a - start : b - start] = data[a:b]
+            lo = (where + a * row_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
+            hi = min(len(base), where + b * row_bytes)
+            if hi > lo:
+                base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        yield start, block
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one row of ``vectors`` looks like and how the container stores it."""
+
+    # "zarr" or "hdf5".
+    format: str
+    # Shape of one row: (n_layers, dim) for layered caches, (dim,) for mixed ones.
+    row_shape: tuple[int, ...]
+    # Storage dtype name: "float16", "float32", or "int8" for quantised rows (codes and scale,
+    # elmo_cache.rows.quantize).
+    dtype: str
+    # zarr rows per chunk (None for HDF5).
+    chunk_rows: int | None = None
+    # zarr compressor name from store.COMPRESSIONS (None: raw bytes).
+    compression: str | None = None
+    # zarr rows per vectors file (a shard of whole chunks; a multiple of chunk_rows). None for HDF5.
+    shard_rows: int | None = None
+    # Shape of one pooled sentence vector (the per-sentence array ``pooled``); None: built without --pool.
+    pooled_shape: tuple[int, ...] | None = None
+    # Storage dtype name of the pooled vectors ("float16" or "float32"); None without --pool.
+    pooled_dtype: str | None = None
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Progress:
+    """What is durably on disk: the first ``lines`` sentences, their ``rows`` and ``tokens``."""
+
+    identity: dict[str, Any]
+    lines: int = 0
+    rows: int = 0
+    tokens: int = 0
+    # True once the corpus was read to its end and every sentence committed.
+    done: bool = False
+    # Seconds spent encoding over all runs of this build (for the metadata's throughput).
+    seconds: float = 0.0
+    # Tokens encoded (not deduplicated away) over all runs.
+    encoded_tokens: int = 0
+    started: str | None = None
+    # Container-specific state (the zarr tail file, for example).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: Path) -> Progress:
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise CacheFormatError(f"{where}: unreadable build progress ({exc})") from None
+
+
+class Writer:
+    """Common part of the container writers: staging folder, per-sentence columns, progress.
+
+    Subclasses store ``vectors`` (:meth:`_open_vectors`, :meth:`_append_vectors`,
+    :meth:`_sync_vectors`) and produce the final container (:meth:`finalize`).
+    """
+
+    def __init__(self, output: Path, layout: Layout, progress: Progress):
+        self.output = output
+        self.layout = layout
+        self.staging = staging_path(output)
+        self.build_dir = self.staging / BUILD_DIR
+        self.progress = progress
+        self.offsets = RawColumn(self.build_dir / "offsets.bin", "int64")
+        self.lengths = RawColumn(self.build_dir / "lengths.bin", "int32")
+        self.hashes = RawColumn(self.build_dir / "hashes.bin", "uint64")
+        # Each sentence's tokens: the UTF-8 bytes of its key, and where each sentence's bytes end.
+        self.text_ends = RawColumn(self.build_dir / "text_ends.bin", "int64")
+        self.text = RawColumn(self.build_dir / "text.bin", "uint8")
+        # Each sentence's pooled vector (--pool): cut back and synced with the other per-sentence columns.
+        self.pooled: RawColumn | None = None
+        if layout.pooled_shape is not None:
+            self.pooled = RawColumn(
+                self.build_dir / "pooled.bin", layout.pooled_dtype or layout.dtype, layout.pooled_shape
+            )
+        self._columns = (self.offsets, self.lengths, self.hashes, self.text_ends) + (
+            (self.pooled,) if self.pooled is not None else ()
+        )
+        self._text_bytes = 0  # bytes of text.bin committed and appended
+        # rows appended since the last commit, beyond progress.rows
+        self._pending_lines = 0
+        self._pending_rows = 0
+        self._pending_tokens = 0
+        self.initial_metadata: dict[str, Any] = {}
+        # Arrays of store.format.OPTIONAL_ARRAYS the finished cache holds (a pq cache's codebooks), set by the build.
+        self.extra_arrays: dict[str, np.ndarray] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, output: Path, layout: Layout, progress: Progress, metadata: dict[str, Any]) -> Writer:
+        """Start a fresh staging folder (the caller removed any earlier one); ``metadata`` has complete=false."""
+        writer = cls(output, layout, progress)
+        writer.initial_metadata = metadata
+        writer.build_dir.mkdir(parents=True)
+        writer._create_container()
+        atomic_write_json(writer.build_dir / PROGRESS_FILE, progress.to_json())
+        writer._open()
+        return writer
+
+    @classmethod
+    def resume(cls, output: Path, layout: Layout, progress: Progress) -> Writer:
+        """Reopen a staging folder at its last commit, dropping anything written after it."""
+        writer = cls(output, layout, progress)
+        writer._open()
+        return writer
+
+    def _open(self) -> None:
+        for column in self._columns:
+            column.open(self.progress.lines)
+        lines = self.progress.lines
+        self._text_bytes = int(self.text_ends.read(lines)[lines - 1]) if lines else 0
+        self.text.open(self._text_bytes)
+        self._open_vectors()
+
+    def close(self) -> None:
+        for column in (*self._columns, self.text):
+            column.close()
+        self._close_vectors()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(
+        self,
+        vectors: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        hashes: np.ndarray,
+        tokens: Sequence[Sequence[str]],
+        pooled: np.ndarray | None = None,
+    ) -> None:
+        """Append the rows, per-sentence entries and tokens of consecutive sentences (not yet durable);
+        ``pooled``: their pooled vectors, when the layout has them."""
+        if len(tokens) != len(lengths) or any(len(t) != n for t, n in zip(tokens, lengths.tolist())):
+            raise ValueError("append: tokens must hold one token list per sentence, of the sentence's length")
+        if (pooled is None) != (self.pooled is None) or (pooled is not None and len(pooled) != len(lengths)):
+            raise ValueError("append: pooled must hold one vector per sentence exactly when the layout pools")
+        text, sizes = encode_tokens(tokens)
+        self._append_vectors(vectors)
+        self.offsets.append(offsets)
+        self.lengths.append(lengths)
+        self.hashes.append(hashes)
+        self.text.append(text)
+        self.text_ends.append(self._text_bytes + np.cumsum(sizes))
+        if self.pooled is not None:
+            self.pooled.append(pooled)  # type: ignore[arg-type]
+        self._text_bytes += len(text)
+        self._pending_lines += len(lengths)
+        self._pending_rows += len(vectors)
+        self._pending_tokens += int(np.sum(lengths, dtype=np.int64))
+
+    def commit(self, *, done: bool = False, seconds: float = 0.0, encoded_tokens: int = 0) -> None:
+        """Make everything appended durable, then record it in ``progress.json``."""
+        extra = self._sync_vectors()
+        for column in (*self._columns, self.text):
+            column.sync()
+        p = self.progress
+        p.lines += self._pending_lines
+        p.rows += self._pending_rows
+        p.tokens += self._pending_tokens
+        p.done = done
+        p.seconds += seconds
+        p.encoded_tokens += encoded_tokens
+        p.extra = extra
+        atomic_write_json(self.build_dir / PROGRESS_FILE, p.to_json())
+        self._pending_lines = self._pending_rows = self._pending_tokens = 0
+        self._after_commit()
+
+    # -- finishing ----------------------------------------------------------------------------
+
+    def index(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct hashes and the line of each one's first occurrence.
+
+        Sorted in runs on disk (:func:`~elmo_cache.store.sentence_index.sort_index`): memory does not grow
+        with the corpus.
+        """
+        cached = getattr(self, "_index", None)
+        if cached is not None and cached[0] == self.progress.lines:
+            return cached[1]
+        result = sort_index(self.hashes.read_range, self.progress.lines, self.build_dir / "index")
+        self._index = (self.progress.lines, result)
+        return result
+
+    def small_arrays(self) -> dict[str, np.ndarray]:
+        n = self.progress.lines
+        hashes, rows = self.index()
+        starts = offsets_after_zero(self.text_ends.path, n, self.build_dir / "token_offsets.bin")
+        arrays = {
+            "offsets": self.offsets.read(n),
+            "lengths": self.lengths.read(n),
+            "index/hashes": hashes,
+            "index/rows": rows,
+            "tokens/bytes": self.text.read(int(starts[-1])),
+            "tokens/offsets": starts,
+            **self.extra_arrays,
+        }
+        if self.pooled is not None:
+            column = self.pooled
+            arrays[POOLED_ARRAY] = pooled_column(
+                column.path, column.dtype, column.item_shape, n, arrays["offsets"], arrays["lengths"]
+            )
+        return arrays
+
+    def committed_key(self, i: int) -> bytes:
+        """The stored key (UTF-8 tokens joined by one space) of committed line ``i``."""
+        lines = self.progress.lines
+        cached = getattr(self, "_keys", None)
+        if cached is None or cached[0] != lines:
+            ends = self.text_ends.read(lines)
+            cached = self._keys = (lines, ends, self.text.read(int(ends[-1]) if lines else 0))
+        _, ends, text = cached
+        start = int(ends[i - 1]) if i else 0
+        return text[start : int(ends[i])].tobytes()
+
+    def remove_staging(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    # -- container hooks ----------------------------------------------------------------------
+
+    def _create_container(self) -> None:
+        raise NotImplementedError
+
+    def _open_vectors(self) -> None:
+        raise NotImplementedError
+
+    def _append_vectors(self, vectors: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _sync_vectors(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _after_commit(self) -> None:
+        """Hook run once progress.json names the new state (drop superseded files)."""
+
+    def _close_vectors(self) -> None:
+        raise NotImplementedError
+
+    def finalize(self, metadata: dict[str, Any]) -> Path:
+        """Write the final container at ``self.output`` (complete=true) and remove the staging."""
+        raise NotImplementedError
+
+
+def load_progress(output: Path) -> Progress | None:
+    """The committed progress of an interrupted build of ``output``, or None when there is none."""
+    path = staging_path(output) / BUILD_DIR / PROGRESS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CacheFormatError(f"{path}: unreadable build progress ({exc}); rerun with --overwrite") from None
+    return Progress.from_json(data, path)

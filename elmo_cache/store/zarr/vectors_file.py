@@ -1,0 +1,132 @@
+"""One zarr ``vectors`` file written as its rows arrive, never held whole in memory.
+
+:func:`elmo_cache.store.zarr.write_vectors_file` takes a file's rows as one array: a writer that gets its
+rows window by window (a distributed build's part, the driver stitching fragments) would have to gather
+up to a whole file, 256 MiB by default, before writing it. :class:`VectorsFileStream` spools the rows to
+a temporary file in the build folder instead, summing them as they pass, and at :meth:`finish` turns it
+into the same file, byte for byte, that ``write_vectors_file`` writes: for an uncompressed layout by
+appending the padding and the shard index (the rows are not read back); for a compressed one zarr must
+encode the shard from its rows, so they are read back once, and that layout still holds one file's rows
+at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from elmo_cache.store.blocksums import BlockSummer, write_sums_file
+from elmo_cache.store.format import BUILD_DIR, checksum
+from elmo_cache.store.staging import Layout
+from elmo_cache.store.zarr.write import (
+    _file_geometry,
+    _publish,
+    _shard_index,
+    _sums_path,
+    vectors_file_path,
+    write_vectors_file,
+)
+
+__all__ = ["VectorsFileStream", "copy_rows"]
+
+# Bytes of rows read at a time when a spooled file is copied into another.
+_COPY_BYTES = 16 * 2**20
+
+
+class VectorsFileStream:
+    """Vectors file ``k`` of an array of ``n_rows`` rows, written by :meth:`write` in row order.
+
+    The spool has a name of its own (two writers of one file, a part redone while a stale worker still
+    runs, never share a temporary file); the file appears at its final name whole, after being synced,
+    with its block sums beside it, as with ``write_vectors_file``.
+    """
+
+    def __init__(self, staging: Path, layout: Layout, n_rows: int, k: int):
+        self.staging, self.layout, self.n_rows, self.k = staging, layout, n_rows, k
+        self.want, self.present = _file_geometry(layout, n_rows, k)
+        self.rows = 0
+        self.crc = 0
+        self.summer = BlockSummer(int(layout.chunk_rows or 0) * layout.row_bytes)
+        (staging / BUILD_DIR).mkdir(parents=True, exist_ok=True)
+        self.path = staging / BUILD_DIR / f"vectors-{k}.{uuid.uuid4().hex}.tmp"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self._handle: BinaryIO | None = os.fdopen(fd, "wb")
+
+    def write(self, rows: np.ndarray) -> None:
+        """Append the next rows (of the layout's row shape; cast to its dtype)."""
+        if self._handle is None:
+            raise ValueError(f"{self.path}: already finished or closed")
+        if tuple(rows.shape[1:]) != tuple(self.layout.row_shape) or self.rows + len(rows) > self.want:
+            raise ValueError(
+                f"vectors file {self.k} holds {self.want} rows of shape {self.layout.row_shape}; got {rows.shape} "
+                f"after {self.rows}"
+            )
+        data = np.ascontiguousarray(rows, dtype=self.layout.dtype).data.cast("B")
+        self._handle.write(data)
+        self.crc = checksum(data, self.crc)
+        self.summer.update(data)
+        self.rows += len(rows)
+
+    def finish(self) -> tuple[int, int]:
+        """Publish the file (every row written); returns its ``(size, CRC-32)`` for ``checksums.json``."""
+        if self.rows != self.want or self._handle is None:
+            raise ValueError(f"vectors file {self.k}: {self.rows} rows written of {self.want}")
+        handle, self._handle = self._handle, None
+        try:
+            if self.layout.compression is not None:
+                handle.close()
+                return self._encode()
+            chunk_bytes = int(self.layout.chunk_rows or 0) * self.layout.row_bytes
+            padding = bytes(self.present * chunk_bytes - self.rows * self.layout.row_bytes)
+            index = _shard_index(self.layout, self.present)
+            with handle:
+                handle.write(padding)
+                handle.write(index)
+                handle.flush()
+                os.fsync(handle.fileno())
+                size = handle.tell()
+            write_sums_file(_sums_path(self.staging, self.k), self.summer.finish())
+            _publish(self.path, vectors_file_path(self.staging, self.layout, self.k))
+            return size, checksum(index, checksum(padding, self.crc))
+        except BaseException:
+            self.close()
+            raise
+
+    def _encode(self) -> tuple[int, int]:
+        # zarr encodes a compressed shard from all its rows: the one place a whole file is read back.
+        rows = np.fromfile(self.path, dtype=self.layout.dtype).reshape(-1, *self.layout.row_shape)
+        try:
+            return write_vectors_file(self.staging, self.layout, self.n_rows, self.k, rows)
+        finally:
+            del rows
+            self.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Drop an unfinished file (its spool is removed)."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> VectorsFileStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._handle is not None:
+            self.close()
+
+
+def copy_rows(source: Path, count: int, layout: Layout, sink: Any) -> None:
+    """``sink.write`` the ``count`` rows of the raw file ``source``, a block at a time (read, not mapped)."""
+    step = max(1, _COPY_BYTES // layout.row_bytes)
+    per_row = layout.row_bytes // np.dtype(layout.dtype).itemsize
+    for start in range(0, count, step):
+        take = min(step, count - start)
+        rows = np.fromfile(source, dtype=layout.dtype, count=take * per_row, offset=start * layout.row_bytes)
+        if len(rows) != take * per_row:
+            raise OSError(f"{source}: shorter than its {count} rows")
+        sink.write(rows.reshape(take, *layout.row_shape))

@@ -1,0 +1,214 @@
+"""The one-process zarr writer: rows stream into the vectors file being filled (see :mod:`elmo_cache.store.zarr`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.blocksums import BlockSummer, write_sums_file
+from elmo_cache.store.durable import RawColumn
+from elmo_cache.store.format import checksum
+from elmo_cache.store.staging import Layout, Progress, Writer
+from elmo_cache.store.zarr.write import (
+    _CRC_BYTES,
+    _file_geometry,
+    _publish,
+    _shard_index,
+    _sums_path,
+    _write_file_body,
+    create_group,
+    finish_group,
+    vectors_file_path,
+    vectors_file_rows,
+)
+
+__all__ = ["ZarrWriter"]
+
+
+class ZarrWriter(Writer):
+    """Writes a zarr v3 cache (FORMAT.md) through its staging folder.
+
+    Rows stream into ``_build/rows-<k>.bin``, the raw rows of the vectors file ``k`` being filled. At a
+    commit each filled file is finished into ``_build/shard-<k>.ready`` (uncompressed: its index is
+    appended and the file renamed, so the vectors are never copied; compressed: zarr encodes it) and
+    synced; ``progress.json`` is written; then the ready files are renamed into ``vectors/c/``. A
+    crash between the two is repaired on resume, which also cuts the open file back to the commit.
+    """
+
+    def __init__(self, output: Path, layout: Layout, progress: Progress):
+        super().__init__(output, layout, progress)
+        assert layout.chunk_rows is not None and layout.shard_rows is not None, "the build plan fills both"
+        self.file_rows = vectors_file_rows(layout)
+        self._rows = 0  # rows appended, committed or not
+        self._handle: Any = None  # the open rows-<k>.bin of file k = self._rows // file_rows
+        self._filled: list[int] = []  # files whose rows are all appended, not yet finished
+        self._ready: list[int] = []  # files finished at the last sync, renamed after the commit
+        # CRC-32 of the rows appended so far to each file not yet finished, so that finishing a file
+        # does not read its rows back (up to 256 MiB) to sum them.
+        self._rows_crc: dict[int, int] = {}
+        # Block sums (CRC-32C per chunk of rows) of each file not yet finished, likewise summed as appended.
+        self._summers: dict[int, BlockSummer] = {}
+        # (size, CRC-32) of each finished vectors file, for checksums.json.
+        self.file_sums = RawColumn(self.build_dir / "file_sums.bin", "int64", (2,))
+
+    def _rows_path(self, k: int) -> Path:
+        return self.build_dir / f"rows-{k}.bin"
+
+    def _ready_path(self, k: int) -> Path:
+        return self.build_dir / f"shard-{k}.ready"
+
+    # -- container hooks ----------------------------------------------------------------------
+
+    def _create_container(self) -> None:
+        create_group(self.staging, self.layout, 0, self.initial_metadata)
+
+    def _open_vectors(self) -> None:
+        rows = self.progress.rows
+        published = rows // self.file_rows
+        self.file_sums.open(published)
+        for k in range(published):  # finish a publication a crash interrupted
+            final = vectors_file_path(self.staging, self.layout, k)
+            if not final.is_file():
+                if not self._ready_path(k).is_file():
+                    raise CacheFormatError(f"{final}: a committed vectors file is missing; rerun with --overwrite")
+                _publish(self._ready_path(k), final)
+        current = self._rows_path(published)
+        if self.layout.compression is None and not current.exists():
+            # Its rows were finished into a vectors file (index appended) by a commit or a finish that
+            # did not complete: take them back; the cut below drops the index.
+            for finished in (self._ready_path(published), vectors_file_path(self.staging, self.layout, published)):
+                if finished.is_file():
+                    os.replace(finished, current)
+                    break
+        for path in self.build_dir.glob("*.bin"):
+            if path.name.startswith("rows-") and path != current:
+                path.unlink()
+        for path in self.build_dir.glob("shard-*.ready"):
+            path.unlink()
+        chunk_dir = self.staging / "vectors" / "c"
+        if chunk_dir.is_dir():
+            for entry in chunk_dir.iterdir():
+                if not entry.name.isdigit() or int(entry.name) >= published:
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        want = (rows - published * self.file_rows) * self.layout.row_bytes
+        if want:
+            if not current.is_file() or current.stat().st_size < want:
+                raise CacheFormatError(
+                    f"{current}: the committed rows of the vectors are missing or damaged; rerun with --overwrite"
+                )
+            os.truncate(current, want)
+            summer, crc = BlockSummer(self.chunk_rows_bytes), 0
+            with open(current, "rb") as f:  # the committed rows of the open file, summed again (once per resume)
+                while piece := f.read(_CRC_BYTES):
+                    crc = checksum(piece, crc)
+                    summer.update(piece)
+            self._rows_crc, self._summers = {published: crc}, {published: summer}
+        else:
+            current.unlink(missing_ok=True)
+            self._rows_crc, self._summers = {}, {}
+        self._rows = rows
+
+    def _file_handle(self, k: int) -> Any:
+        if self._handle is None:
+            self._handle = open(self._rows_path(k), "ab")  # noqa: SIM115 - held across appends
+        return self._handle
+
+    def _close_handle(self, *, sync: bool) -> None:
+        if self._handle is not None:
+            if sync:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            self._handle.close()
+            self._handle = None
+
+    def _append_vectors(self, vectors: np.ndarray) -> None:
+        done, n = 0, len(vectors)
+        while done < n:
+            k = self._rows // self.file_rows
+            take = min(n - done, (k + 1) * self.file_rows - self._rows)
+            data = np.ascontiguousarray(vectors[done : done + take]).data.cast("B")
+            self._file_handle(k).write(data)
+            self._rows_crc[k] = checksum(data, self._rows_crc.get(k, 0))
+            summer = self._summers.get(k)
+            if summer is None:
+                summer = self._summers[k] = BlockSummer(self.chunk_rows_bytes)
+            summer.update(data)
+            done += take
+            self._rows += take
+            if self._rows % self.file_rows == 0:
+                self._close_handle(sync=False)
+                self._filled.append(k)
+
+    def _finish_file(self, k: int, n_rows: int) -> tuple[int, int]:
+        """Turn rows-<k>.bin into the vectors file shard-<k>.ready (synced); returns its (size, CRC-32)."""
+        rows_path, ready = self._rows_path(k), self._ready_path(k)
+        summer = self._summers.pop(k, None)
+        if summer is not None:  # else: no rows appended in this session and none to resume (cannot happen)
+            write_sums_file(_sums_path(self.staging, k), summer.finish())
+        if self.layout.compression is None:
+            _, present = _file_geometry(self.layout, n_rows, k)
+            padding_and_index = bytes(present * self.chunk_rows_bytes - rows_path.stat().st_size)
+            padding_and_index += _shard_index(self.layout, present)
+            with open(rows_path, "ab") as handle:
+                handle.write(padding_and_index)
+                handle.flush()
+                os.fsync(handle.fileno())
+                size = handle.tell()
+            os.replace(rows_path, ready)
+            return size, checksum(padding_and_index, self._rows_crc.pop(k, 0))
+        self._rows_crc.pop(k, None)  # compressed: the file's sum is of the encoded bytes
+        block = np.fromfile(rows_path, dtype=self.layout.dtype).reshape(-1, *self.layout.row_shape)
+        with open(ready, "wb") as handle:
+            crc = _write_file_body(handle, self.layout, n_rows, k, block)
+            handle.flush()
+            os.fsync(handle.fileno())
+            return handle.tell(), crc
+
+    @property
+    def chunk_rows_bytes(self) -> int:
+        return int(self.layout.chunk_rows or 0) * self.layout.row_bytes
+
+    def _sync_vectors(self) -> dict[str, Any]:
+        for k in self._filled:
+            self.file_sums.append(np.array([self._finish_file(k, (k + 1) * self.file_rows)], dtype=np.int64))
+        self._ready, self._filled = self._filled, []
+        if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        self.file_sums.sync()
+        return {}
+
+    def _after_commit(self) -> None:
+        for k in self._ready:
+            _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+            self._rows_path(k).unlink(missing_ok=True)  # compressed: the raw rows, now encoded
+        self._ready = []
+
+    def _close_vectors(self) -> None:
+        self._close_handle(sync=False)
+        self.file_sums.close()
+
+    # -- finishing ----------------------------------------------------------------------------
+
+    def finalize(self, metadata: dict[str, Any]) -> Path:
+        rows = self.progress.rows
+        assert rows == self._rows and not self._filled, "finalize follows the last commit"
+        self._close_handle(sync=True)
+        files = -(-rows // self.file_rows)
+        sums = {
+            k: (int(size), int(crc))
+            for k, (size, crc) in enumerate(self.file_sums.read(rows // self.file_rows).tolist())
+        }
+        if rows % self.file_rows:  # the last, partly filled file
+            k = files - 1
+            sums[k] = self._finish_file(k, rows)
+            # Compressed: the raw rows stay until the build folder goes, in case finishing fails.
+            _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+        small = self.small_arrays()
+        self.close()
+        return finish_group(self.staging, self.output, small, metadata, sums)
