@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from elmo_cache import Encoder
-from elmo_cache.builder.codebooks import train_codebooks
 from elmo_cache.rows.pq import ProductQuantization, Training
+from elmo_cache.rows.pq_training import train_codebooks
 from elmo_cache.rows.quantize import make_quantization
 
 

@@ -54,6 +54,7 @@ from _wordnet import Example, WordNetMissingError, check_wordnet_dir, collect_ex
 from elmo_cache import Encoder
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
+from elmo_cache.model.files import ModelFiles
 from elmo_cache.model.random_model import write_random_model
 from elmo_cache.rows.pq import Training
 from elmo_cache.rows.quantize import parse_quantize
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.no_random:
             folder = Path(tempfile.mkdtemp(prefix="probe_random_"))
             options, weights = write_random_model(folder, encoders["model"].options, seed=args.seed)
-            random_files = sources.ModelFiles("random", options, weights, "files")
+            random_files = ModelFiles("random", options, weights, "files")
             encoders["random"] = Encoder.load(random_files, device="cpu")
         wsd = select_wsd(examples, args.test_share, args.seed, args.max_examples) if "wsd" in probes else None
         pos = select_pos(examples, args.seed, args.max_examples) if "pos" in probes else None

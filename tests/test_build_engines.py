@@ -12,16 +12,15 @@ import pytest
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.engine import ENGINES, engine_class, make_engine
-from elmo_cache.builder.options import ENGINES as OPTION_ENGINES
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.model import sources
-from elmo_cache.model.sources import ModelFiles
+from elmo_cache.model.files import ModelFiles
 from elmo_cache.store.format import staging_path
 from tests._build_fixtures import corpus_lines, write_corpus
 
 
 def test_the_registry_names_every_engine_and_refuses_others_listing_them():
-    assert ENGINES == OPTION_ENGINES == ("local", "ray")
+    assert ENGINES == ("local", "ray")
     for name in ENGINES:
         cls = engine_class(name)
         assert cls.name == name

@@ -12,8 +12,9 @@ import pytest
 from elmo_cache import Encoder
 from elmo_cache.errors import InvalidParameterError, ModelNotFoundError
 from elmo_cache.model import sources
+from elmo_cache.model.files import ModelFiles
 from elmo_cache.model.random_model import write_random_model
-from elmo_cache.model.sources import ModelFiles, ModelRequest
+from elmo_cache.model.sources import ModelRequest
 
 
 class ZooSource:

@@ -26,7 +26,7 @@ def _load():
 
 nb = _load()
 models = sys.modules["_ngram_models"]  # the script's models module, imported beside it
-BOS, EOS, UNK = nb.BOS_ID, nb.EOS_ID, nb.UNK_ID
+BOS, EOS, UNK = models.BOS_ID, models.EOS_ID, models.UNK_ID
 
 
 def make_vocab(words):

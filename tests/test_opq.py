@@ -97,7 +97,7 @@ def test_each_slot_decodes_through_its_own_rotation_and_codes_do_not_depend_on_t
 
 
 def test_training_is_deterministic_seeded_and_orthonormal():
-    from elmo_cache.builder.codebooks import train_codebooks
+    from elmo_cache.rows.pq_training import train_codebooks
 
     rng = np.random.default_rng(5)
     mix = rng.standard_normal((DIM, DIM)).astype(np.float32)

@@ -274,7 +274,8 @@ def test_verify_accepts_rowless_offsets_only_for_a_pool_only_cache(tmp_path, tin
     import h5py
 
     from elmo_cache.store import open_with_library
-    from elmo_cache.verify.checks import VerifyReport, _check_structure
+    from elmo_cache.verify.checks import _check_structure
+    from elmo_cache.verify.report import VerifyReport
 
     _, _, only = _pair(tmp_path, tiny_encoder, ".h5", pool="mean", dedupe=True)
     fmt, raw, arrays, close = open_with_library(only)

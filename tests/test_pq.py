@@ -255,8 +255,9 @@ def _training_calls(encoder, corpus, options) -> int:
 
 
 def test_the_codebooks_are_a_function_of_the_sample_alone_whatever_the_thread_count(tiny_encoder, corpus):
-    from elmo_cache.builder.codebooks import corpus_windows, train_codebooks, training_sample
+    from elmo_cache.builder.codebooks import corpus_windows, training_sample
     from elmo_cache.builder.plan import make_plan
+    from elmo_cache.rows.pq_training import train_codebooks
     from elmo_cache.text.corpus import Corpus
 
     source = Corpus(corpus)

@@ -20,18 +20,17 @@ codebooks are trained as for pq on the rotated sample.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.rows.pq import CENTROIDS, ProductQuantization
-from elmo_cache.store.durable import atomic_write_json, fsync_path
-from elmo_cache.store.format import BUILD_DIR, CODEBOOKS, checksum
+from elmo_cache.builder.staged_codebooks import stage_codebooks, staged_codebooks
+from elmo_cache.errors import CacheFormatError
+from elmo_cache.rows.pq import ProductQuantization
+from elmo_cache.rows.pq_training import train_codebooks
+from elmo_cache.store.format import BUILD_DIR, CODEBOOKS
 
 if TYPE_CHECKING:
     from elmo_cache.builder.encoding import Window
@@ -41,57 +40,14 @@ if TYPE_CHECKING:
     from elmo_cache.text.corpus import Corpus
 
 __all__ = [
-    "CODEBOOKS_FILE",
     "corpus_windows",
     "ensure_codebooks",
     "final_arrays",
     "first_pass_windows",
-    "staged_codebooks",
-    "train_codebooks",
     "training_sample",
     "train_in_process",
     "train_on_ray",
 ]
-
-CODEBOOKS_FILE = "codebooks"
-"""Base name of the staged codebooks in the staging's build folder (``.f32``: the values, ``.json``: what they are)."""
-
-
-def _paths(staging: Path) -> tuple[Path, Path]:
-    build = staging / BUILD_DIR
-    return build / f"{CODEBOOKS_FILE}.f32", build / f"{CODEBOOKS_FILE}.json"
-
-
-def staged_codebooks(staging: Path, quantization: ProductQuantization) -> ProductQuantization | None:
-    """``quantization`` with the codebooks staged in ``staging`` (None when none are staged); an error when
-    they belong to another quantisation or fail their CRC-32."""
-    values, info_path = _paths(staging)
-    if not info_path.is_file():
-        return None
-    try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-        data = np.fromfile(values, dtype="<f4")
-    except (OSError, ValueError) as exc:
-        raise CacheFormatError(f"{info_path}: unreadable staged codebooks ({exc}); rerun with --overwrite") from None
-    if info.get("quantization") != quantization.to_metadata() or info.get("shape") != list(quantization.codebook_shape):
-        raise CacheFormatError(
-            f"{info_path}: staged codebooks of another quantisation ({info.get('quantization')!r}); "
-            "rerun with --overwrite"
-        )
-    if checksum(np.ascontiguousarray(data)) != info.get("crc32"):
-        raise CacheFormatError(f"{values}: the staged codebooks fail their CRC-32 (damaged); rerun with --overwrite")
-    return quantization.with_codebooks(data, str(values))
-
-
-def _stage(staging: Path, trained: ProductQuantization) -> None:
-    values, info_path = _paths(staging)
-    data = trained.parameters()
-    tmp = values.with_suffix(".tmp")
-    data.tofile(tmp)
-    fsync_path(tmp)
-    os.replace(tmp, values)
-    info = {"quantization": trained.to_metadata(), "shape": list(trained.codebook_shape), "crc32": checksum(data)}
-    atomic_write_json(info_path, info)  # last: its presence means the values are whole
 
 
 def corpus_windows(source: Corpus, window_tokens: int) -> Iterator[Window]:
@@ -140,71 +96,6 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
     return sample.reshape(len(sample), -1, encoder.output_dim)
 
 
-def require_faiss() -> Any:
-    """The faiss module, or the error saying what to install (checked when a pq build is planned, so that a
-    build that cannot train its codebooks leaves nothing behind)."""
-    try:
-        import faiss
-    except ImportError:
-        raise InvalidParameterError(
-            'quantize: pq codebooks are trained with faiss: pip install "elmo-cache[pq]" (reading needs no faiss)'
-        ) from None
-    return faiss
-
-
-def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> ProductQuantization:
-    """``quantization`` with codebooks trained on ``sample`` ``(n, slots, dim)``: per slot, faiss's
-    ProductQuantizer (k-means of 256 centroids per sub-space, ``training.seed``, ``training.iterations``),
-    on one OpenMP thread; for opq, on the sample rotated by the slot's rotation, learned first by faiss's
-    OPQMatrix (``training.rotation_iterations``). A sample of fewer than 256 vectors is repeated up to 256
-    (k-means needs as many points as centroids): its vectors then become centroids and are stored almost exactly."""
-    faiss = require_faiss()
-    if len(sample) == 0:
-        sample = np.zeros((1, quantization.slots, quantization.dim), np.float32)  # an empty corpus: any codebooks
-    if len(sample) < CENTROIDS:
-        sample = np.resize(sample, (CENTROIDS, *sample.shape[1:]))
-    out = np.empty(quantization.codebook_shape, np.float32)
-    rotations = np.empty(quantization.rotation_shape, np.float32) if quantization.rotated else None
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        for slot in range(quantization.slots):
-            x = np.ascontiguousarray(sample[:, slot], dtype=np.float32)
-            if rotations is not None:
-                rotations[slot] = _train_rotation(faiss, x, quantization)
-                x = np.ascontiguousarray(x @ rotations[slot].T)  # y = x A^T, the vectors the codes are of
-            pq = _product_quantizer(faiss, quantization, quantization.training.iterations)
-            pq.train(x)
-            out[slot] = faiss.vector_to_array(pq.centroids).reshape(quantization.m, CENTROIDS, quantization.dsub)
-    finally:
-        faiss.omp_set_num_threads(threads)
-    return quantization.with_codebooks(out) if rotations is None else quantization.with_rotation(out, rotations)
-
-
-def _product_quantizer(faiss: Any, quantization: ProductQuantization, iterations: int) -> Any:
-    pq = faiss.ProductQuantizer(quantization.dim, quantization.m, 8)
-    pq.cp.seed = quantization.training.seed
-    pq.cp.niter = iterations
-    pq.verbose = False
-    pq.cp.min_points_per_centroid = 1  # a small sample is expected (a small corpus): no warning on stderr
-    return pq
-
-
-def _train_rotation(faiss: Any, x: np.ndarray, quantization: ProductQuantization) -> np.ndarray:
-    """One slot's OPQ rotation ``A`` (dim x dim, float32) learned on ``x`` by faiss's OPQMatrix: alternately a
-    PQ of the rotated vectors (its k-means seeded with ``training.seed``) and the orthogonal Procrustes
-    rotation best mapping the vectors onto their PQ reconstructions."""
-    opq = faiss.OPQMatrix(quantization.dim, quantization.m)
-    opq.niter = quantization.training.rotation_iterations
-    opq.max_train_points = len(x)  # the whole sample (faiss would otherwise subsample above 65,536)
-    opq.verbose = False
-    # OPQMatrix sets its PQ's iterations itself; ours carries the seed and the quiet small-sample setting.
-    inner = _product_quantizer(faiss, quantization, quantization.training.iterations)
-    opq.pq = inner
-    opq.train(x)
-    return faiss.vector_to_array(opq.A).reshape(quantization.dim, quantization.dim).astype(np.float32)
-
-
 def ensure_codebooks(
     staging: Path, quantization: Any, train: Callable[[ProductQuantization], ProductQuantization]
 ) -> ProductQuantization | None:
@@ -217,7 +108,7 @@ def ensure_codebooks(
         return staged
     trained = train(quantization)
     (staging / BUILD_DIR).mkdir(parents=True, exist_ok=True)
-    _stage(staging, trained)
+    stage_codebooks(staging, trained)
     return trained
 
 

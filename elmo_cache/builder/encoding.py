@@ -115,7 +115,7 @@ class WindowEncoder:
             None if self.pooling is None else self.pooling.shape(plan.selection.row_shape(encoder.output_dim))
         )
         if getattr(self.quantization, "scheme", None) in PRODUCT_SCHEMES:  # codebooks trained before any row is written
-            from elmo_cache.builder.codebooks import staged_codebooks
+            from elmo_cache.builder.staged_codebooks import staged_codebooks
             from elmo_cache.errors import CacheFormatError
             from elmo_cache.store.format import staging_path
 

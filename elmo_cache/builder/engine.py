@@ -2,7 +2,7 @@
 
 :func:`elmo_cache.builder.api.build` runs every build through the same steps: plan (the options
 validated, the model described without loading it, the cache's identity), prepare the output
-(:func:`elmo_cache.builder.plan.prepare_output`), run, finish, summary. An :class:`Engine` does what
+(:func:`elmo_cache.builder.output.prepare_output`), run, finish, summary. An :class:`Engine` does what
 differs between one process and many: what it cannot build, what it holds for the build, whose
 interrupted build a staging folder is, and how windows are encoded and the cache written and
 published (:class:`EngineRun`). Both engines encode windows through
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from elmo_cache.builder.options import BuildOptions
     from elmo_cache.builder.plan import Plan
     from elmo_cache.encoder.encoder import Encoder
+    from elmo_cache.model.files import ModelFiles
     from elmo_cache.model.identity import ModelDescription
-    from elmo_cache.model.sources import ModelFiles
     from elmo_cache.store import OutputState
     from elmo_cache.text.corpus import Corpus
 

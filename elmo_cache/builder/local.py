@@ -38,7 +38,8 @@ from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, WindowEncoder, assign_window, default_batch_tokens
 from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.options import BuildOptions
-from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
+from elmo_cache.builder.output import check_resumed
+from elmo_cache.builder.plan import Plan, metadata, options_json
 from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import OutputKind, OutputState, Progress, Writer, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elmo_cache.builder.engine import ENGINES
 from elmo_cache.rows.selection import MixSpec
 
-__all__ = ["ENGINES", "BuildOptions", "BuildSummary", "disk_bytes"]
+__all__ = ["BuildOptions", "BuildSummary", "disk_bytes"]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,14 +19,13 @@ import numpy as np
 from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
-from elmo_cache.errors import CacheExistsError, InvalidParameterError
+from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
 from elmo_cache.rows.quantize import make_quantization, parse_quantize
 from elmo_cache.rows.selection import MixSpec, Selection
-from elmo_cache.store import Layout, OutputKind, OutputState, Progress, infer_format, inspect_output, remove_output
+from elmo_cache.store import Layout, Progress, infer_format
 from elmo_cache.store.format import (
-    BUILD_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
     POOL_ONLY_FORMAT_VERSION,
@@ -36,14 +35,13 @@ from elmo_cache.store.format import (
     TOKEN_LIST_FORMAT_VERSION,
     TOKENIZATION,
     TOKENIZATIONS,
-    staging_path,
 )
 from elmo_cache.store.registry import container_names, get_container
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.formats import check_input_format
 
 if TYPE_CHECKING:
-    from elmo_cache.builder.engine import Engine
+    pass
 
 __all__ = [
     "IDENTITY_KEYS",
@@ -53,11 +51,10 @@ __all__ = [
     "open_corpus",
     "resolve_output",
     "identity",
+    "comparable_identity",
     "differences",
     "metadata",
     "options_json",
-    "prepare_output",
-    "check_resumed",
 ]
 
 # Identity keys: options that change what the cache holds. A cache or interrupted build
@@ -230,7 +227,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             f"of --quantize pq:M or opq:M (quantize here: {quantize!r})"
         )
     if scheme in PRODUCT_SCHEMES:
-        from elmo_cache.builder.codebooks import require_faiss
+        from elmo_cache.rows.pq_training import require_faiss
 
         require_faiss()
     dtype = QUANTIZED_DTYPES[scheme] if scheme is not None else "float16" if options.fp16 else "float32"
@@ -292,7 +289,7 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) ->
     }
 
 
-def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
+def comparable_identity(identity: dict[str, Any]) -> dict[str, Any]:
     out = {key: identity.get(key) for key in IDENTITY_KEYS}
     out["model"] = comparable_model(out["model"])  # where the model came from does not matter
     return out
@@ -300,7 +297,7 @@ def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What differs between two identities ("" when nothing does)."""
-    a, b = _comparable(old), _comparable(new)
+    a, b = comparable_identity(old), comparable_identity(new)
     parts = []
     for key in IDENTITY_KEYS:
         if a[key] != b[key]:
@@ -349,65 +346,3 @@ def options_json(options: BuildOptions) -> dict[str, Any]:
             value = list(value)
         out[f.name] = value
     return out
-
-
-def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool, engines: Sequence[Engine]) -> OutputState:
-    """Decide what to do about what is already at the output, for a build by ``engines[0]``.
-
-    Returns the output's state (:meth:`Container.inspect <elmo_cache.store.container.Container.inspect>`):
-    COMPLETE (the same cache is there: nothing to do), RESUMABLE (the staging holds an interrupted build of
-    ``engines[0]``, which checks it is the same build when it starts) or FRESH (nothing is left there).
-    Raises :class:`CacheExistsError` for anything else, unless ``overwrite`` (then everything goes).
-    The other ``engines`` only say whose interrupted build the staging holds.
-    """
-    output = plan.output
-    staging = staging_path(output)
-    if overwrite:
-        if output.exists() or output.is_symlink():
-            remove_output(output)
-        if staging.exists():
-            remove_output(staging)
-        return OutputState(OutputKind.FRESH, plan.format)
-    found = inspect_output(output, plan.format)
-    if found.kind in (OutputKind.COMPLETE, OutputKind.OCCUPIED):
-        meta = found.meta
-        if meta is None:
-            raise CacheExistsError(
-                f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
-                "or pass --overwrite to replace it"
-            )
-        there = {**meta, "container": found.container}
-        if _comparable(there) != _comparable(identity):
-            raise CacheExistsError(
-                f"{output} was built with other options ({differences(there, identity)}); "
-                "pass --overwrite to rebuild it"
-            )
-        if found.kind is OutputKind.OCCUPIED:
-            raise CacheExistsError(
-                f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
-            )
-        remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
-        if staging.exists():
-            remove_output(staging)
-        return found
-    if not staging.exists():
-        return found
-    owner = next((engine for engine in engines if engine.interrupted(output, found)), None)
-    if owner is None:  # an unfinished start (a first pass, a staging without a commit): nothing to keep
-        remove_output(staging)
-        return OutputState(OutputKind.FRESH, plan.format)
-    if owner.name != engines[0].name:
-        raise CacheExistsError(
-            f"{staging} holds an interrupted build of the {owner.name} engine; rerun it with --engine {owner.name} "
-            "to resume it, or pass --overwrite to discard it"
-        )
-    return dataclasses.replace(found, kind=OutputKind.RESUMABLE)
-
-
-def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]) -> None:
-    """Raise :class:`CacheExistsError` unless the interrupted build in ``staging`` (identity ``there``) is this one."""
-    if _comparable(there) != _comparable(identity):
-        raise CacheExistsError(
-            f"{staging} holds an interrupted build with other options ({differences(there, identity)}); "
-            "rerun it with its own options to resume it, or pass --overwrite to discard it"
-        )

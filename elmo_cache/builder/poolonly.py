@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
-from elmo_cache.builder.plan import format_version, identity, make_plan, options_json, prepare_output
+from elmo_cache.builder.output import prepare_output
+from elmo_cache.builder.plan import format_version, identity, make_plan, options_json
 from elmo_cache.builder.skeleton import build_cache, model_description
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store import OutputKind, Progress, open_arrays, read_metadata, remove_output

@@ -6,7 +6,7 @@
    <elmo_cache.Encoder.describe>`), the model-dependent defaults filled and the cache's identity.
 2. **Prepare the output**, with its lock held and the engine's session open: a complete cache there
    ends the build; an interrupted one of this engine is resumed; anything else is an error unless
-   ``overwrite`` (:func:`~elmo_cache.builder.plan.prepare_output`).
+   ``overwrite`` (:func:`~elmo_cache.builder.output.prepare_output`).
 3. **Run** and 4. **finish**: the engine's (:class:`~elmo_cache.builder.engine.EngineRun`).
 5. **Summary**: :class:`~elmo_cache.builder.options.BuildSummary` from what the engine reports.
 """
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from elmo_cache.builder.engine import BuildJob, Engine, other_engines
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
-from elmo_cache.builder.plan import identity, make_plan, prepare_output
+from elmo_cache.builder.output import prepare_output
+from elmo_cache.builder.plan import identity, make_plan
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import ModelDescription
 from elmo_cache.store import OutputKind
@@ -27,7 +28,7 @@ from elmo_cache.text.corpus import Corpus
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
-    from elmo_cache.model.sources import ModelFiles
+    from elmo_cache.model.files import ModelFiles
 
 __all__ = ["build_cache", "model_description"]
 

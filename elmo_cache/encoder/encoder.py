@@ -42,9 +42,10 @@ from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import formats, hub, sources
 from elmo_cache.model.bilm import BiLM, PackedBatch
 from elmo_cache.model.chars import ByteTokenIds, TokenIds
+from elmo_cache.model.files import ModelFiles
 from elmo_cache.model.identity import ModelDescription, model_identity
 from elmo_cache.model.options import ModelOptions
-from elmo_cache.model.sources import ModelFiles, ModelSpec
+from elmo_cache.model.sources import ModelSpec
 
 __all__ = [
     "Encoder",
@@ -148,7 +149,7 @@ class Encoder:
         ELMoForManyLangs model; downloaded once into the model cache); a local directory with one
         options JSON and one weights HDF5, or an ELMoForManyLangs model directory
         (:mod:`elmo_cache.model.efml`); an
-        ``(options_file, weight_file)`` pair; or :class:`~elmo_cache.model.sources.ModelFiles`
+        ``(options_file, weight_file)`` pair; or :class:`~elmo_cache.model.files.ModelFiles`
         already resolved. ``options_file`` + ``weight_file`` (both or neither) win over ``model``.
         Every source is in :mod:`elmo_cache.model.sources`.
 

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 FORMAT = "elmoformanylangs"
-"""The format's name in :class:`~elmo_cache.model.sources.ModelFiles` and in cache identities."""
+"""The format's name in :class:`~elmo_cache.model.files.ModelFiles` and in cache identities."""
 
 CONFIG_FILE = "config.json"
 MODEL_FILES = ("char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")

@@ -17,7 +17,7 @@ from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import ElmoWeights
 
 if TYPE_CHECKING:
-    from elmo_cache.model.sources import ModelFiles
+    from elmo_cache.model.files import ModelFiles
 
 __all__ = ["BILM_TF", "EFML", "FORMATS", "LoadedModel", "load", "fingerprint", "output_dim", "describe"]
 

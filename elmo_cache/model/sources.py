@@ -21,9 +21,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from elmo_cache.errors import InvalidParameterError, ModelNotFoundError
 from elmo_cache.model import hub
+from elmo_cache.model.files import ModelFiles
 
 __all__ = [
-    "ModelFiles",
     "ModelRequest",
     "ModelSource",
     "ModelSpec",
@@ -32,26 +32,6 @@ __all__ = [
     "resolve",
     "locate",
 ]
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    """A model resolved to its two files in the official layout."""
-
-    # Name recorded in cache metadata: "bundled", a published name, the directory's or weight file's name.
-    name: str
-    # The options.json (bilm-tf schema).
-    options_file: Path
-    # The weights HDF5 (bilm-tf layout).
-    weight_file: Path
-    # The source that produced it (its ``origin``): "bundled", "published", "directory", "files",
-    # "elmoformanylangs" or "elmoformanylangs-published".
-    origin: str
-    # For origin "directory": the folder the model was named by, recorded so that `serve` finds it again.
-    directory: Path | None = None
-    # The files' layout (elmo_cache.model.formats): "bilm-tf", or "elmoformanylangs" (a HIT-SCIR model
-    # directory: options_file is its config.json, weight_file its encoder.pkl, the others beside them).
-    format: str = "bilm-tf"
 
 
 ModelSpec = str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | ModelFiles | None

@@ -78,10 +78,10 @@ def _worker(corpus: str, output: str, options: TrainOptions) -> TrainResult | El
     A library error (bad input, a checkpoint of other settings) is raised on every rank alike, so
     it is handed back to the launcher as a value, to be raised there as it is: no traceback.
     """
-    from elmo_cache.train.trainer import train
+    from elmo_cache.train.trainer import train_rank
 
     try:
-        return train(corpus, output, options)
+        return train_rank(corpus, output, options)
     except ElmoCacheError as exc:
         return exc
 

@@ -38,27 +38,13 @@ from elmo_cache.train.softmax import LogUniformSampler
 from elmo_cache.train.step import StepLoss
 from elmo_cache.train.vocab import Vocabulary
 
-__all__ = ["TrainOptions", "TrainResult", "train", "CHECKPOINT_FILE"]
+__all__ = ["train_rank"]
 
 log = logging.getLogger(__name__)
 
 
-def train(
-    corpus: str | os.PathLike[str], output: str | os.PathLike[str], options: TrainOptions | None = None
-) -> TrainResult:
-    """Train a biLM on ``corpus`` (one sentence per line, whitespace tokens) into ``output``.
-
-    ``output`` receives options.json, weights.hdf5, vocab.txt, softmax.hdf5 and checkpoint.pt.
-    Running again with the same corpus and fixed options resumes from the checkpoint.
-    ``options.nproc`` > 1 starts that many processes (torchrun's launcher) and returns rank 0's
-    result; a process that torchrun started joins its group and trains as its rank.
-    """
-    options = options or TrainOptions()
-    options.validate()
-    if options.nproc > 1:
-        from elmo_cache.train.launch import launch
-
-        return launch(corpus, output, options)
+def train_rank(corpus: str | os.PathLike[str], output: str | os.PathLike[str], options: TrainOptions) -> TrainResult:
+    """Train as this process's rank: the only one, or one that torchrun started (it joins its group)."""
     group = join(options.device)
     try:
         return _run(corpus, Path(output), options, group)

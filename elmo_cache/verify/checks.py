@@ -14,7 +14,6 @@ no text: without its corpus only its structure can be checked.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,37 +34,13 @@ from elmo_cache.store.registry import get_container
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import key_hash, sentence_hash, sentence_key, split_key
 from elmo_cache.verify.pooled import check_pooled
+from elmo_cache.verify.report import VerifyReport
 from elmo_cache.verify.sample import check_sample, choose, sampled_tokens, tolerance
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
 
-__all__ = ["VerifyReport", "verify", "tolerance"]
-
-
-@dataclass
-class VerifyReport:
-    """Outcome of :func:`verify`: ``ok`` when ``problems`` is empty."""
-
-    path: Path
-    checks: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    corpus: str | None = None
-    sampled: int = 0
-    max_abs_error: float | None = None
-    # What could not be checked (a format-1 cache: no checksums, no stored text).
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def __str__(self) -> str:
-        lines = [f"{self.path}: " + ("OK" if self.ok else f"{len(self.problems)} problem(s)")]
-        lines += [f"  ok: {c}" for c in self.checks]
-        lines += [f"  PROBLEM: {p}" for p in self.problems]
-        lines += [f"  ({n})" for n in self.notes]
-        return "\n".join(lines)
+__all__ = ["verify", "tolerance"]
 
 
 def verify(

@@ -13,7 +13,7 @@ from elmo_cache.rows.quantize import quantization_of
 from elmo_cache.store.format import POOLED_ARRAY, PRODUCT_SCHEMES
 
 if TYPE_CHECKING:
-    from elmo_cache.verify.checks import VerifyReport
+    from elmo_cache.verify.report import VerifyReport
 
 __all__ = ["check_pooled", "RECOMPUTED"]
 

@@ -20,7 +20,7 @@ from elmo_cache.text.tokenize import split_key
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
-    from elmo_cache.verify.checks import VerifyReport
+    from elmo_cache.verify.report import VerifyReport
 
 __all__ = ["tolerance", "sampled_tokens", "choose", "load_model", "check_sample"]
 

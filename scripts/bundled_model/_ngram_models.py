@@ -4,16 +4,52 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from ngram_baselines import Corpus
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 BOS_ID, EOS_ID, UNK_ID = 0, 1, 2
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
+
+
+@dataclass
+class Corpus:
+    """Sentences as one flat id array plus per-sentence lengths (no boundary tokens)."""
+
+    ids: np.ndarray  # int32, all tokens of all sentences
+    lengths: np.ndarray  # int64, tokens per sentence
+    oov_tokens: int = 0  # text tokens not in the vocabulary (mapped to <UNK>)
+    empty_lines: int = 0
+
+    @property
+    def num_sentences(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def num_predictions(self) -> int:
+        return self.num_tokens + self.num_sentences
+
+    def padded(self, order: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stream ``<S>*(order-1) w1 .. wn </S>`` per sentence, and the positions to predict."""
+        pad = order - 1
+        n_sent = self.num_sentences
+        span = self.lengths + pad + 1
+        starts = np.zeros(n_sent, dtype=np.int64)
+        if n_sent:
+            np.cumsum(span[:-1], out=starts[1:])
+        stream = np.full(int(span.sum()), BOS_ID, dtype=np.int64)
+        tok_starts = np.zeros(n_sent, dtype=np.int64)
+        if n_sent:
+            np.cumsum(self.lengths[:-1], out=tok_starts[1:])
+        shift = np.repeat(starts + pad - tok_starts, self.lengths)
+        stream[shift + np.arange(self.num_tokens, dtype=np.int64)] = self.ids
+        stream[starts + pad + self.lengths] = EOS_ID
+        targets = np.flatnonzero(stream != BOS_ID)
+        return stream, targets
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ import torch
 from elmo_cache.model.hub import file_sha256
 from elmo_cache.model.options import ModelOptions
 from elmo_cache.train import perplexity
+from elmo_cache.train.checkpoint import CHECKPOINT_FILE
 from elmo_cache.train.files import WEIGHTS_FILE
-from elmo_cache.train.trainer import CHECKPOINT_FILE
 
 
 def main(argv: list[str] | None = None) -> int:

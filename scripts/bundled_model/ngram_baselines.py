@@ -56,7 +56,6 @@ import math
 import sys
 import time
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -66,11 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ngram_models import (
     BOS,
-    BOS_ID,
     EOS,
-    EOS_ID,
     UNK,
     UNK_ID,
+    Corpus,
     KneserNey,
     UnigramAddOne,
 )
@@ -111,46 +109,6 @@ class Vocab:
     def encode(self, tokens: list[str]) -> list[int]:
         get = self._lookup.get
         return [get(t, UNK_ID) for t in tokens]
-
-
-@dataclass
-class Corpus:
-    """Sentences as one flat id array plus per-sentence lengths (no boundary tokens)."""
-
-    ids: np.ndarray  # int32, all tokens of all sentences
-    lengths: np.ndarray  # int64, tokens per sentence
-    oov_tokens: int = 0  # text tokens not in the vocabulary (mapped to <UNK>)
-    empty_lines: int = 0
-
-    @property
-    def num_sentences(self) -> int:
-        return int(self.lengths.size)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.ids.size)
-
-    @property
-    def num_predictions(self) -> int:
-        return self.num_tokens + self.num_sentences
-
-    def padded(self, order: int) -> tuple[np.ndarray, np.ndarray]:
-        """Stream ``<S>*(order-1) w1 .. wn </S>`` per sentence, and the positions to predict."""
-        pad = order - 1
-        n_sent = self.num_sentences
-        span = self.lengths + pad + 1
-        starts = np.zeros(n_sent, dtype=np.int64)
-        if n_sent:
-            np.cumsum(span[:-1], out=starts[1:])
-        stream = np.full(int(span.sum()), BOS_ID, dtype=np.int64)
-        tok_starts = np.zeros(n_sent, dtype=np.int64)
-        if n_sent:
-            np.cumsum(self.lengths[:-1], out=tok_starts[1:])
-        shift = np.repeat(starts + pad - tok_starts, self.lengths)
-        stream[shift + np.arange(self.num_tokens, dtype=np.int64)] = self.ids
-        stream[starts + pad + self.lengths] = EOS_ID
-        targets = np.flatnonzero(stream != BOS_ID)
-        return stream, targets
 
 
 def encode_lines(lines, vocab: Vocab) -> Corpus:

@@ -51,7 +51,8 @@ from elmo_cache.builder.firstpass import (
     load_first_pass,
 )
 from elmo_cache.builder.options import BuildOptions, BuildSummary
-from elmo_cache.builder.plan import Plan, check_resumed, metadata, options_json
+from elmo_cache.builder.output import check_resumed
+from elmo_cache.builder.plan import Plan, metadata, options_json
 from elmo_cache.builder.ray.parts import FAIL_PART_ENV, PARTS_DIR, PartJob, PartSpec, PartWriter, cut_parts, marker_path
 from elmo_cache.builder.ray.raydata import _connect, _import_ray, _run_parts
 from elmo_cache.builder.ray.rowsink import FRAGMENTS_DIR

@@ -105,7 +105,7 @@ class PartJob:
     layout: Layout
     # Rows of the whole cache.
     n_rows: int
-    # The model's files (sources.ModelFiles), resolved by the driver.
+    # The model's files (files.ModelFiles), resolved by the driver.
     model_files: Any
     # The encoder's device, precision and initial state.
     device: str

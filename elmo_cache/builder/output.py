@@ -1,0 +1,81 @@
+"""What a build does about what is already at its output: nothing (the same cache is complete), resume
+(its staging holds this engine's interrupted build of the same identity), start afresh, or refuse."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from elmo_cache.builder.plan import Plan, comparable_identity, differences
+from elmo_cache.errors import CacheExistsError
+from elmo_cache.store import OutputKind, OutputState, inspect_output, remove_output
+from elmo_cache.store.format import BUILD_DIR, staging_path
+
+if TYPE_CHECKING:
+    from elmo_cache.builder.engine import Engine
+
+__all__ = ["prepare_output", "check_resumed"]
+
+
+def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool, engines: Sequence[Engine]) -> OutputState:
+    """Decide what to do about what is already at the output, for a build by ``engines[0]``.
+
+    Returns the output's state (:meth:`Container.inspect <elmo_cache.store.container.Container.inspect>`):
+    COMPLETE (the same cache is there: nothing to do), RESUMABLE (the staging holds an interrupted build of
+    ``engines[0]``, which checks it is the same build when it starts) or FRESH (nothing is left there).
+    Raises :class:`CacheExistsError` for anything else, unless ``overwrite`` (then everything goes).
+    The other ``engines`` only say whose interrupted build the staging holds.
+    """
+    output = plan.output
+    staging = staging_path(output)
+    if overwrite:
+        if output.exists() or output.is_symlink():
+            remove_output(output)
+        if staging.exists():
+            remove_output(staging)
+        return OutputState(OutputKind.FRESH, plan.format)
+    found = inspect_output(output, plan.format)
+    if found.kind in (OutputKind.COMPLETE, OutputKind.OCCUPIED):
+        meta = found.meta
+        if meta is None:
+            raise CacheExistsError(
+                f"{output} exists and is not an elmo-cache cache; choose another -o/--output "
+                "or pass --overwrite to replace it"
+            )
+        there = {**meta, "container": found.container}
+        if comparable_identity(there) != comparable_identity(identity):
+            raise CacheExistsError(
+                f"{output} was built with other options ({differences(there, identity)}); "
+                "pass --overwrite to rebuild it"
+            )
+        if found.kind is OutputKind.OCCUPIED:
+            raise CacheExistsError(
+                f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
+            )
+        remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
+        if staging.exists():
+            remove_output(staging)
+        return found
+    if not staging.exists():
+        return found
+    owner = next((engine for engine in engines if engine.interrupted(output, found)), None)
+    if owner is None:  # an unfinished start (a first pass, a staging without a commit): nothing to keep
+        remove_output(staging)
+        return OutputState(OutputKind.FRESH, plan.format)
+    if owner.name != engines[0].name:
+        raise CacheExistsError(
+            f"{staging} holds an interrupted build of the {owner.name} engine; rerun it with --engine {owner.name} "
+            "to resume it, or pass --overwrite to discard it"
+        )
+    return dataclasses.replace(found, kind=OutputKind.RESUMABLE)
+
+
+def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]) -> None:
+    """Raise :class:`CacheExistsError` unless the interrupted build in ``staging`` (identity ``there``) is this one."""
+    if comparable_identity(there) != comparable_identity(identity):
+        raise CacheExistsError(
+            f"{staging} holds an interrupted build with other options ({differences(there, identity)}); "
+            "rerun it with its own options to resume it, or pass --overwrite to discard it"
+        )

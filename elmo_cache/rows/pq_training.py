@@ -1,0 +1,79 @@
+"""Training product-quantisation codebooks (and opq's rotations) with faiss: k-means with a fixed seed on
+one OpenMP thread, so the same sample gives the same codebooks, byte for byte, in any process. faiss is
+needed only here (the ``pq`` extra); reading a product-quantised cache needs none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.rows.pq import CENTROIDS, ProductQuantization
+
+__all__ = ["require_faiss", "train_codebooks"]
+
+
+def require_faiss() -> Any:
+    """The faiss module, or the error saying what to install (checked when a pq build is planned, so that a
+    build that cannot train its codebooks leaves nothing behind)."""
+    try:
+        import faiss
+    except ImportError:
+        raise InvalidParameterError(
+            'quantize: pq codebooks are trained with faiss: pip install "elmo-cache[pq]" (reading needs no faiss)'
+        ) from None
+    return faiss
+
+
+def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> ProductQuantization:
+    """``quantization`` with codebooks trained on ``sample`` ``(n, slots, dim)``: per slot, faiss's
+    ProductQuantizer (k-means of 256 centroids per sub-space, ``training.seed``, ``training.iterations``),
+    on one OpenMP thread; for opq, on the sample rotated by the slot's rotation, learned first by faiss's
+    OPQMatrix (``training.rotation_iterations``). A sample of fewer than 256 vectors is repeated up to 256
+    (k-means needs as many points as centroids): its vectors then become centroids and are stored almost exactly."""
+    faiss = require_faiss()
+    if len(sample) == 0:
+        sample = np.zeros((1, quantization.slots, quantization.dim), np.float32)  # an empty corpus: any codebooks
+    if len(sample) < CENTROIDS:
+        sample = np.resize(sample, (CENTROIDS, *sample.shape[1:]))
+    out = np.empty(quantization.codebook_shape, np.float32)
+    rotations = np.empty(quantization.rotation_shape, np.float32) if quantization.rotated else None
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        for slot in range(quantization.slots):
+            x = np.ascontiguousarray(sample[:, slot], dtype=np.float32)
+            if rotations is not None:
+                rotations[slot] = _train_rotation(faiss, x, quantization)
+                x = np.ascontiguousarray(x @ rotations[slot].T)  # y = x A^T, the vectors the codes are of
+            pq = _product_quantizer(faiss, quantization, quantization.training.iterations)
+            pq.train(x)
+            out[slot] = faiss.vector_to_array(pq.centroids).reshape(quantization.m, CENTROIDS, quantization.dsub)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    return quantization.with_codebooks(out) if rotations is None else quantization.with_rotation(out, rotations)
+
+
+def _product_quantizer(faiss: Any, quantization: ProductQuantization, iterations: int) -> Any:
+    pq = faiss.ProductQuantizer(quantization.dim, quantization.m, 8)
+    pq.cp.seed = quantization.training.seed
+    pq.cp.niter = iterations
+    pq.verbose = False
+    pq.cp.min_points_per_centroid = 1  # a small sample is expected (a small corpus): no warning on stderr
+    return pq
+
+
+def _train_rotation(faiss: Any, x: np.ndarray, quantization: ProductQuantization) -> np.ndarray:
+    """One slot's OPQ rotation ``A`` (dim x dim, float32) learned on ``x`` by faiss's OPQMatrix: alternately a
+    PQ of the rotated vectors (its k-means seeded with ``training.seed``) and the orthogonal Procrustes
+    rotation best mapping the vectors onto their PQ reconstructions."""
+    opq = faiss.OPQMatrix(quantization.dim, quantization.m)
+    opq.niter = quantization.training.rotation_iterations
+    opq.max_train_points = len(x)  # the whole sample (faiss would otherwise subsample above 65,536)
+    opq.verbose = False
+    # OPQMatrix sets its PQ's iterations itself; ours carries the seed and the quiet small-sample setting.
+    inner = _product_quantizer(faiss, quantization, quantization.training.iterations)
+    opq.pq = inner
+    opq.train(x)
+    return faiss.vector_to_array(opq.A).reshape(quantization.dim, quantization.dim).astype(np.float32)
