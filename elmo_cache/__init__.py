@@ -21,6 +21,7 @@ _EXPORTS = {
     "Encoder": "elmo_cache.encoder.encoder",
     "ModelOptions": "elmo_cache.model.options",
     "MixSpec": "elmo_cache.rows.selection",
+    "Selection": "elmo_cache.rows.selection",
     "BuildOptions": "elmo_cache.builder",
     "build": "elmo_cache.builder",
     "open": "elmo_cache.reader.cache",

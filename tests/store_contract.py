@@ -123,10 +123,10 @@ class StoreContract:
 
     @pytest.fixture
     def output(self, tmp_path) -> Path:
-        return tmp_path / ("c" + store.container(self.fmt).suffixes[0])
+        return tmp_path / ("c" + store.get_container(self.fmt).suffixes[0])
 
     def layout(self, row_shape=(2, DIM), dtype="float32") -> Layout:
-        chunked = store.container(self.fmt).chunked
+        chunked = store.get_container(self.fmt).chunked
         return Layout(self.fmt, row_shape, dtype, 3 if chunked else None, None, 6 if chunked else None)
 
     def write(
@@ -180,7 +180,7 @@ class StoreContract:
 
     def test_read_metadata_and_is_store(self, output, tmp_path):
         self.write(output, _sentences(3, seed=2))
-        container = store.container(self.fmt)
+        container = store.get_container(self.fmt)
         assert container.owns(output)
         assert container.read_metadata(output)["n_sentences"] == 3
         assert store.read_metadata(output) == container.read_metadata(output)
@@ -192,7 +192,7 @@ class StoreContract:
             assert container.read_metadata(foreign) is None
 
     def test_inspect_says_what_a_build_finds_at_the_output(self, output, tmp_path):
-        container = store.container(self.fmt)
+        container = store.get_container(self.fmt)
         fresh = container.inspect(output)
         assert fresh == OutputState(OutputKind.FRESH, self.fmt)
         self.write(output, _sentences(5, seed=15), finalize=False)
@@ -208,7 +208,7 @@ class StoreContract:
         # Whatever format the build asks for, the container whose store is there answers.
         other = next(name for name in store.container_names() if name != self.fmt)
         assert store.inspect_output(output, other) == complete
-        assert store.container(other).inspect(output) is None
+        assert store.get_container(other).inspect(output) is None
         # A cache of ours that is not finished is in the way, and says so with its metadata.
         self.set_metadata(output, complete=False)
         occupied = container.inspect(output)

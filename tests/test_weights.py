@@ -180,8 +180,6 @@ def test_encoder_load_picks_files_over_names_and_explains_mistakes(model):
         Encoder.load((model[0],), device="cpu")
     with pytest.raises(ModelNotFoundError, match="'bundled'.*'original'.*a directory"):
         Encoder.load("not-a-model", device="cpu")
-    with pytest.warns(DeprecationWarning, match="Encoder.load"):
-        assert Encoder.from_files(*model, device="cpu").output_dim == 32
 
 
 def _datasets(options):

@@ -27,8 +27,9 @@ class BuildOptions:
     mix: MixSpec | None = None
     # Store float16 instead of float32 (half the bytes); selection and mixing happen in float32 first.
     fp16: bool = False
-    # Quantise the stored vectors: None/"none" (floats) or "int8" (one int8 code per value and one float32
-    # scale per vector, elmo_cache.rows.quantize); done in float32 after selection/mixing. Exclusive with fp16.
+    # Quantise the stored vectors (elmo_cache.rows): None/"none" (floats), "int8" (one int8 code per value and
+    # one float32 scale per vector), "pq:M" (M uint8 codes per vector, codebooks trained on the corpus) or
+    # "opq:M" (pq after a learned rotation); done in float32 after selection/mixing. Exclusive with fp16.
     quantize: str | None = None
     # pq/opq: token rows of the corpus (its first, in line order) the codebooks are trained on; None: 65,536
     # (elmo_cache.rows.pq.Training). Fewer train faster (opq of the Original model: hours at the default) and fit worse.

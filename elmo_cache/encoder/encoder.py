@@ -15,10 +15,8 @@ model saw in training than zeros.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -183,30 +181,6 @@ class Encoder:
             options_dict=loaded.options_dict,
             weights_sha256=loaded.weights_sha256,
         )
-
-    @classmethod
-    def from_files(
-        cls,
-        options_file: str | os.PathLike[str],
-        weight_file: str | os.PathLike[str],
-        *,
-        name: str | None = None,
-        directory: str | os.PathLike[str] | None = None,
-        **kwargs: Any,
-    ) -> Encoder:
-        """Deprecated: ``Encoder.load((options_file, weight_file), **kwargs)`` (``name``/``directory``:
-        ``Encoder.load(ModelFiles(...))``)."""
-        warnings.warn(
-            "Encoder.from_files is deprecated and will be removed: use Encoder.load((options_file, weight_file))",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        files = sources.resolve((options_file, weight_file))
-        if name is not None or directory is not None:
-            files = dataclasses.replace(
-                files, name=name or files.name, directory=None if directory is None else Path(directory)
-            )
-        return cls.load(files, **kwargs)
 
     # ----------------------------------------------------------------- identity
     @cached_property

@@ -62,7 +62,6 @@ __all__ = [
     "vectors_file_path",
     "vectors_file_rows",
     "write_vectors_file",
-    "container",
     "container_at",
     "inspect_output",
     "OutputKind",
@@ -78,10 +77,6 @@ __all__ = [
     "remove_output",
     "unfinished",
 ]
-
-
-container = get_container
-"""The container called ``format`` (the registry's :func:`get_container` under the store's name)."""
 
 
 def writer_class(format: str) -> type[Writer]:

@@ -58,10 +58,6 @@ class _Run:
         self.lines = np.concatenate([self.lines, n])
         self.pos += count
 
-    @property
-    def exhausted(self) -> bool:
-        return self.pos >= self.size
-
 
 def sort_index(
     read: Callable[[int, int], np.ndarray],

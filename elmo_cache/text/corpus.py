@@ -99,14 +99,6 @@ class Corpus:
         """True when the input can be read twice (a first pass can count its lines)."""
         return self.path is not None and stat.S_ISREG(self.path.stat().st_mode)
 
-    @property
-    def is_gzip(self) -> bool:
-        """True when the file starts with the gzip magic bytes (whatever its name)."""
-        if self.path is None or not self.is_regular_file:
-            return False
-        with self.path.open("rb") as f:
-            return f.read(2) == _GZIP_MAGIC
-
     def describe(self) -> dict[str, object]:
         """Where the corpus came from, for build metadata."""
         if self.path is None:
