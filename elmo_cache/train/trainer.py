@@ -21,11 +21,14 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model.options import ModelOptions
 from elmo_cache.threads import THREADS_ENV, apply_threads, usable_cpus
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.checkpoint import CHECKPOINT_FILE, cpu_name, write_checkpoint
@@ -61,94 +64,153 @@ def _threads(options: TrainOptions, group: Group) -> None:
         apply_threads(options.threads)
 
 
-def _run(corpus: str | os.PathLike[str], output: Path, options: TrainOptions, group: Group) -> TrainResult:
-    device = group.device
-    if group.is_main:
-        output.mkdir(parents=True, exist_ok=True)
-    _threads(options, group)
-    prepared = share(corpus, output, options, group)
-    checkpoint, model_options, fingerprint = prepared.checkpoint, prepared.model_options, prepared.fingerprint
-    vocab = Vocabulary(prepared.vocab_words)
-    if group.is_main:
-        vocab.save(output / VOCAB_FILE)
+@dataclass
+class _Position:
+    """Where the run stands: what a checkpoint records besides the weights and generators."""
 
-    data = TokenizedCorpus.from_file(corpus, vocab, model_options.max_characters_per_token)
-    global_batch = options.batch_size * group.world_size
-    per_epoch = data.batches_per_epoch(global_batch, options.unroll, options.reset_share)
-    if per_epoch < 1:
-        rows = "" if options.reset_share is None else " (rows of whole sentences, --reset-share)"
-        processes = f" x {group.world_size} processes" if group.distributed else ""
-        raise InvalidParameterError(
-            f"{corpus}: {data.n_tokens} tokens is too little text for batch_size {options.batch_size}{processes} x "
-            f"unroll {options.unroll}{rows}; lower them (--batch-size, --unroll{', --nproc' if processes else ''})"
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    tokens: int = 0
+    # Seconds trained by earlier runs of this output (resumed ones).
+    seconds_before: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class _Window:
+    """The sampled loss since the last log line."""
+
+    loss: float = 0.0
+    count: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.loss += value
+        self.count += 1
+
+    def close(self, position: _Position) -> float:
+        mean = self.loss / self.count
+        position.history.append({"step": position.step, "tokens": position.tokens, "loss": mean})
+        self.loss, self.count = 0.0, 0.0
+        return mean
+
+
+class _Run:
+    """One rank's training run: the model and its optimizer, the data, the position, and the steps
+    (:meth:`train`) between checkpoints (:meth:`save`)."""
+
+    def __init__(self, corpus: str | os.PathLike[str], output: Path, options: TrainOptions, group: Group):
+        self.output, self.options, self.group = output, options, group
+        self.device = group.device
+        if group.is_main:
+            output.mkdir(parents=True, exist_ok=True)
+        _threads(options, group)
+        prepared = share(corpus, output, options, group)
+        self.fingerprint = prepared.fingerprint
+        self.vocab = Vocabulary(prepared.vocab_words)
+        if group.is_main:
+            self.vocab.save(output / VOCAB_FILE)
+        self.data = TokenizedCorpus.from_file(corpus, self.vocab, prepared.model_options.max_characters_per_token)
+        self.global_batch = options.batch_size * group.world_size
+        self.per_epoch = self._batches_per_epoch(corpus)
+        self.total_steps = self.per_epoch * options.epochs
+        if options.max_steps is not None:
+            self.total_steps = min(self.total_steps, options.max_steps)
+        self._make_model(prepared.model_options)
+        self.position = _Position()
+        if group.distributed:
+            torch.manual_seed(rank_seed(options.seed, group.rank))  # each rank its own dropout masks
+        if prepared.start is not None and group.is_main:  # the others receive rank 0's weights from DDP
+            prepared.start.load_into(self.model)
+            log.info("starting from the weights of %s with a fresh optimizer", prepared.start.name)
+        if prepared.checkpoint is not None:
+            self._restore(prepared.checkpoint)
+        self.resumed_from = self.position.step
+        self.loss_of = StepLoss(self.model, self.sampler)
+        if group.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # Its constructor broadcasts rank 0's weights (the start model, or a checkpoint's).
+            self.loss_of = DistributedDataParallel(  # type: ignore[assignment]
+                self.loss_of, device_ids=[self.device] if self.device.type == "cuda" else None
+            )
+        self.started = time.monotonic()
+
+    def _batches_per_epoch(self, corpus: str | os.PathLike[str]) -> int:
+        options, group, data = self.options, self.group, self.data
+        per_epoch = data.batches_per_epoch(self.global_batch, options.unroll, options.reset_share)
+        if per_epoch < 1:
+            rows = "" if options.reset_share is None else " (rows of whole sentences, --reset-share)"
+            processes = f" x {group.world_size} processes" if group.distributed else ""
+            raise InvalidParameterError(
+                f"{corpus}: {data.n_tokens} tokens is too little text for batch_size {options.batch_size}{processes} x "
+                f"unroll {options.unroll}{rows}; lower them (--batch-size, --unroll{', --nproc' if processes else ''})"
+            )
+        return per_epoch
+
+    def _make_model(self, model_options: ModelOptions) -> None:
+        options, device = self.options, self.device
+        torch.manual_seed(options.seed)
+        self.model = TrainableBiLM(model_options, len(self.vocab), dropout=options.dropout).to(device)
+        self.optimizer = torch.optim.Adagrad(
+            self.model.parameters(), lr=options.learning_rate, initial_accumulator_value=options.initial_accumulator
         )
-    total_steps = per_epoch * options.epochs
-    if options.max_steps is not None:
-        total_steps = min(total_steps, options.max_steps)
+        # Alike on every rank: each step's negatives are the same draw everywhere, as in one process.
+        self.sampler = LogUniformSampler(len(self.vocab), options.num_sampled, seed=options.seed)
+        self.char_table = torch.from_numpy(self.data.char_ids).to(device=device, dtype=torch.int32)
+        self.my_rows = self.group.rows(options.batch_size)
+        self.state = self.model.zero_state(options.batch_size, device)
 
-    torch.manual_seed(options.seed)
-    model = TrainableBiLM(model_options, len(vocab), dropout=options.dropout).to(device)
-    optimizer = torch.optim.Adagrad(
-        model.parameters(), lr=options.learning_rate, initial_accumulator_value=options.initial_accumulator
-    )
-    # Alike on every rank: each step's negatives are the same draw everywhere, as in one process.
-    sampler = LogUniformSampler(len(vocab), options.num_sampled, seed=options.seed)
-    char_table = torch.from_numpy(data.char_ids).to(device=device, dtype=torch.int32)
-    my_rows = group.rows(options.batch_size)
-    state = model.zero_state(options.batch_size, device)
-    step = epoch = batch_in_epoch = tokens = 0
-    elapsed_before = 0.0
-    history: list[dict[str, float]] = []
-    if group.distributed:
-        torch.manual_seed(rank_seed(options.seed, group.rank))  # each rank its own dropout masks
-    if prepared.start is not None and group.is_main:  # the others receive rank 0's weights from DDP
-        prepared.start.load_into(model)
-        log.info("starting from the weights of %s with a fresh optimizer", prepared.start.name)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        state = [(h[:, my_rows].to(device), c[:, my_rows].to(device)) for h, c in checkpoint["lstm_state"]]
-        step, epoch, batch_in_epoch = checkpoint["step"], checkpoint["epoch"], checkpoint["batch_in_epoch"]
-        tokens, elapsed_before, history = checkpoint["tokens"], checkpoint["seconds"], checkpoint["history"]
+    def _restore(self, checkpoint: dict[str, Any]) -> None:
+        group, device = self.group, self.device
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.state = [
+            (h[:, self.my_rows].to(device), c[:, self.my_rows].to(device)) for h, c in checkpoint["lstm_state"]
+        ]
+        self.position = _Position(
+            checkpoint["step"],
+            checkpoint["epoch"],
+            checkpoint["batch_in_epoch"],
+            checkpoint["tokens"],
+            checkpoint["seconds"],
+            checkpoint["history"],
+        )
         torch.set_rng_state(checkpoint["torch_rngs"][group.rank] if group.distributed else checkpoint["torch_rng"])
         cuda_rngs = checkpoint.get("cuda_rngs") or [checkpoint.get("cuda_rng")]
         if device.type == "cuda" and cuda_rngs[group.rank if group.distributed else 0] is not None:
             torch.cuda.set_rng_state(cuda_rngs[group.rank if group.distributed else 0], device)
-        sampler.rng.bit_generator.state = checkpoint["sampler_rng"]
+        self.sampler.rng.bit_generator.state = checkpoint["sampler_rng"]
         if group.is_main:
-            log.info("resuming %s at step %d (epoch %d, batch %d)", output, step, epoch, batch_in_epoch)
-    resumed_from = step
-    loss_of = StepLoss(model, sampler)
-    if group.distributed:
-        from torch.nn.parallel import DistributedDataParallel
+            at = self.position
+            log.info("resuming %s at step %d (epoch %d, batch %d)", self.output, at.step, at.epoch, at.batch_in_epoch)
 
-        # Its constructor broadcasts rank 0's weights (the start model, or a checkpoint's).
-        loss_of = DistributedDataParallel(loss_of, device_ids=[device] if device.type == "cuda" else None)  # type: ignore[assignment]
-
-    def save() -> None:
-        # Collective: every rank hands in its rows of the LSTM state and its generators.
-        full_state = [(group.gather_rows(h), group.gather_rows(c)) for h, c in state]
+    def save(self) -> None:
+        """Write the checkpoint and the model files. Collective: every rank hands in its rows of the LSTM
+        state and its generators; rank 0 writes."""
+        group, device, at = self.group, self.device, self.position
+        full_state = [(group.gather_rows(h), group.gather_rows(c)) for h, c in self.state]
         ranks = group.all_gather((torch.get_rng_state(), os.getpid()))
         rngs = [rng for rng, _ in ranks]
         cuda_rngs = group.all_gather(torch.cuda.get_rng_state(device)) if device.type == "cuda" else [None]
         if not group.is_main:
             return
-        write_model_dir(output, model, vocab)
+        write_model_dir(self.output, self.model, self.vocab)
         payload = {
-            "fingerprint": fingerprint,
-            "vocab_sha256": vocab.sha256,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "fingerprint": self.fingerprint,
+            "vocab_sha256": self.vocab.sha256,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
             "lstm_state": [(h.cpu(), c.cpu()) for h, c in full_state],
-            "step": step,
-            "epoch": epoch,
-            "batch_in_epoch": batch_in_epoch,
-            "tokens": tokens,
-            "seconds": elapsed_before + (time.monotonic() - started),
-            "history": history,
+            "step": at.step,
+            "epoch": at.epoch,
+            "batch_in_epoch": at.batch_in_epoch,
+            "tokens": at.tokens,
+            "seconds": at.seconds_before + (time.monotonic() - self.started),
+            "history": at.history,
             "torch_rng": rngs[0],
             "cuda_rng": cuda_rngs[0],
-            "sampler_rng": sampler.rng.bit_generator.state,
+            "sampler_rng": self.sampler.rng.bit_generator.state,
             "machine": {
                 "device": str(device),
                 "threads": torch.get_num_threads(),
@@ -159,103 +221,117 @@ def _run(corpus: str | os.PathLike[str], output: Path, options: TrainOptions, gr
         }
         if group.distributed:
             payload["torch_rngs"], payload["cuda_rngs"] = rngs, cuda_rngs
-        write_checkpoint(output / CHECKPOINT_FILE, payload)
+        write_checkpoint(self.output / CHECKPOINT_FILE, payload)
 
-    from tqdm.auto import tqdm
+    def _step(self, batch: Any) -> torch.Tensor:
+        """One optimiser step on ``batch``; returns this rank's loss."""
+        device, options = self.device, self.options
+        assert batch.counts is not None
+        inputs = torch.from_numpy(batch.inputs).to(device=device, dtype=torch.int64)
+        targets = torch.from_numpy(batch.targets).to(device)
+        weights = torch.from_numpy(batch.weights).to(device)
+        counts = torch.from_numpy(batch.counts).to(device=device, dtype=torch.float32)
+        resets = None if batch.resets is None else torch.from_numpy(batch.resets).to(device)
+        loss, final = self.loss_of(inputs, self.char_table, self.state, resets, targets, weights, counts)
+        self.optimizer.zero_grad(set_to_none=True)
+        # bilm-tf differentiates loss * unroll_steps: a per-token mean loss with the gradient
+        # scale of a per-sequence sum, which is what lr 0.2 and clip 10 are tuned for. Times
+        # the processes, because DDP averages the ranks' gradients and the global loss is their sum.
+        (loss * (options.unroll * self.group.world_size)).backward()
+        torch.nn.utils.clip_grad_norm_(self.params, options.clip_norm)
+        self.optimizer.step()
+        self.state = [(h.detach(), c.detach()) for h, c in final]
+        at = self.position
+        at.step += 1
+        at.batch_in_epoch += 1
+        at.tokens += int(batch.counts[0])
+        return loss
 
-    started = time.monotonic()
-    last_save = started
-    tokens_at_start = tokens
-    show = options.progress and group.is_main
-    bar = tqdm(total=total_steps, initial=step, disable=not show, unit="step", dynamic_ncols=True)
-    params = [p for p in model.parameters()]
-    window_loss, window_count = 0.0, 0.0
-    stopped_early = False
-    model.train()
-    try:
-        while step < total_steps and epoch < options.epochs:
-            for batch in data.epoch_batches(
-                options.seed,
-                epoch,
-                global_batch,
-                options.unroll,
-                start=batch_in_epoch,
-                reset_share=options.reset_share,
-                part=my_rows,
-            ):
-                if step >= total_steps:
+    def _vote(self, loss: torch.Tensor, last_save: float) -> tuple[float, bool, bool]:
+        """The step's global loss, and whether to save and whether to stop: rank 0's clock decides, so
+        that every rank does it at the same step."""
+        now, options = time.monotonic(), self.options
+        decide = self.group.is_main
+        due = decide and now - last_save >= options.checkpoint_seconds
+        stop = decide and options.time_limit is not None and now - self.started >= options.time_limit
+        report = torch.tensor([loss.item(), float(due), float(stop)], dtype=torch.float64, device=self.device)
+        value, due_votes, stop_votes = self.group.all_reduce_sum(report).tolist()
+        return value, due_votes > 0, stop_votes > 0
+
+    def train(self) -> TrainResult:
+        """Steps until ``total_steps``, the last epoch or the time limit, saving every ``checkpoint_seconds``."""
+        from tqdm.auto import tqdm
+
+        options, at = self.options, self.position
+        self.started = time.monotonic()
+        last_save = self.started
+        tokens_at_start = at.tokens
+        show = options.progress and self.group.is_main
+        bar = tqdm(total=self.total_steps, initial=at.step, disable=not show, unit="step", dynamic_ncols=True)
+        self.params = [p for p in self.model.parameters()]
+        window = _Window()
+        stopped_early = False
+        self.model.train()
+        try:
+            while at.step < self.total_steps and at.epoch < options.epochs:
+                for batch in self.data.epoch_batches(
+                    options.seed,
+                    at.epoch,
+                    self.global_batch,
+                    options.unroll,
+                    start=at.batch_in_epoch,
+                    reset_share=options.reset_share,
+                    part=self.my_rows,
+                ):
+                    if at.step >= self.total_steps:
+                        break
+                    loss = self._step(batch)
+                    value, due, stop = self._vote(loss, last_save)
+                    window.add(value)
+                    rate = (at.tokens - tokens_at_start) / max(time.monotonic() - self.started, 1e-9)
+                    bar.set_postfix(
+                        epoch=at.epoch,
+                        loss=f"{value:.3f}",
+                        ppl=f"{math.exp(min(value, 50)):.1f}",
+                        tok_s=f"{rate:,.0f}",
+                    )
+                    bar.update(1)
+                    if due:
+                        mean = window.close(at)
+                        if self.group.is_main:
+                            log.info(
+                                "step %d/%d epoch %d: %d tokens, sampled loss %.4f, %.0f tokens/s",
+                                *(at.step, self.total_steps, at.epoch, at.tokens, mean, rate),
+                            )
+                        self.save()
+                        last_save = time.monotonic()
+                    if stop:
+                        stopped_early = True
+                        break
+                if stopped_early or at.step >= self.total_steps:
+                    if at.batch_in_epoch >= self.per_epoch:
+                        at.epoch, at.batch_in_epoch = at.epoch + 1, 0
                     break
-                assert batch.counts is not None
-                inputs = torch.from_numpy(batch.inputs).to(device=device, dtype=torch.int64)
-                targets = torch.from_numpy(batch.targets).to(device)
-                weights = torch.from_numpy(batch.weights).to(device)
-                counts = torch.from_numpy(batch.counts).to(device=device, dtype=torch.float32)
-                resets = None if batch.resets is None else torch.from_numpy(batch.resets).to(device)
-                loss, final = loss_of(inputs, char_table, state, resets, targets, weights, counts)
-                optimizer.zero_grad(set_to_none=True)
-                # bilm-tf differentiates loss * unroll_steps: a per-token mean loss with the gradient
-                # scale of a per-sequence sum, which is what lr 0.2 and clip 10 are tuned for. Times
-                # the processes, because DDP averages the ranks' gradients and the global loss is their sum.
-                (loss * (options.unroll * group.world_size)).backward()
-                torch.nn.utils.clip_grad_norm_(params, options.clip_norm)
-                optimizer.step()
-                state = [(h.detach(), c.detach()) for h, c in final]
-                step += 1
-                batch_in_epoch += 1
-                tokens += int(batch.counts[0])
-                now = time.monotonic()
-                # Rank 0's clock decides when to save or stop, so that every rank does it at the same step.
-                decide = group.is_main
-                due = decide and now - last_save >= options.checkpoint_seconds
-                stop = decide and options.time_limit is not None and now - started >= options.time_limit
-                report = torch.tensor([loss.item(), float(due), float(stop)], dtype=torch.float64, device=device)
-                value, due_votes, stop_votes = group.all_reduce_sum(report).tolist()
-                due, stop = due_votes > 0, stop_votes > 0
-                window_loss += value
-                window_count += 1
-                rate = (tokens - tokens_at_start) / max(now - started, 1e-9)
-                bar.set_postfix(
-                    epoch=epoch, loss=f"{value:.3f}", ppl=f"{math.exp(min(value, 50)):.1f}", tok_s=f"{rate:,.0f}"
-                )
-                bar.update(1)
-                if due:
-                    history.append({"step": step, "tokens": tokens, "loss": window_loss / window_count})
-                    if group.is_main:
-                        log.info(
-                            "step %d/%d epoch %d: %d tokens, sampled loss %.4f, %.0f tokens/s",
-                            step,
-                            total_steps,
-                            epoch,
-                            tokens,
-                            window_loss / window_count,
-                            rate,
-                        )
-                    window_loss, window_count = 0.0, 0.0
-                    save()
-                    last_save = time.monotonic()
-                if stop:
-                    stopped_early = True
-                    break
-            if stopped_early or step >= total_steps:
-                if batch_in_epoch >= per_epoch:
-                    epoch, batch_in_epoch = epoch + 1, 0
-                break
-            epoch, batch_in_epoch = epoch + 1, 0
-    finally:
-        bar.close()
-    if window_count:
-        history.append({"step": step, "tokens": tokens, "loss": window_loss / window_count})
-    save()
-    seconds = time.monotonic() - started
-    return TrainResult(
-        output=output,
-        steps=step,
-        epoch=epoch,
-        tokens=tokens,
-        seconds=elapsed_before + seconds,
-        tokens_per_second=(tokens - tokens_at_start) / max(seconds, 1e-9),
-        loss=history[-1]["loss"] if history else None,
-        resumed_from_step=resumed_from,
-        finished=step >= total_steps,
-        history=history,
-    )
+                at.epoch, at.batch_in_epoch = at.epoch + 1, 0
+        finally:
+            bar.close()
+        if window.count:
+            window.close(at)
+        self.save()
+        seconds = time.monotonic() - self.started
+        return TrainResult(
+            output=self.output,
+            steps=at.step,
+            epoch=at.epoch,
+            tokens=at.tokens,
+            seconds=at.seconds_before + seconds,
+            tokens_per_second=(at.tokens - tokens_at_start) / max(seconds, 1e-9),
+            loss=at.history[-1]["loss"] if at.history else None,
+            resumed_from_step=self.resumed_from,
+            finished=at.step >= self.total_steps,
+            history=at.history,
+        )
+
+
+def _run(corpus: str | os.PathLike[str], output: Path, options: TrainOptions, group: Group) -> TrainResult:
+    return _Run(corpus, output, options, group).train()
