@@ -31,8 +31,8 @@ step() {  # step NAME SECONDS COMMAND...: run, keep its log, say how it ended
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   grep -m1 'model name' /proc/cpuinfo; nproc; } | tee "$OUT/machine.txt"
 
-step tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_encoder.py \
-    tests/test_compat_embedder.py tests/test_train.py -k "cuda or Cuda or CUDA or test_cuda"
+step tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/encoder/test_cuda.py tests/encoder/test_encoder.py \
+    tests/compat/test_compat_embedder.py tests/train/test_train.py -k "cuda or Cuda or CUDA or test_cuda"
 tail -5 "$OUT/tests.log"
 step precision 30 python3 benchmarks/precision_error.py --device cuda
 tail -12 "$OUT/precision.log"
@@ -43,6 +43,6 @@ step build 90 python3 benchmarks/bench_build.py throughput --size original --dev
     --layers 1,2 --fp16 --repeats 2
 tail -8 "$OUT/build.log"
 # The whole suite on this machine's torch and Python (and with CUDA as the default device), where time is left.
-step suite 120 python3 -m pytest -q -p no:cacheprovider -n 12 -rfE tests --ignore tests/test_cuda.py
+step suite 120 python3 -m pytest -q -p no:cacheprovider -n 12 -rfE tests --ignore tests/encoder/test_cuda.py
 tail -30 "$OUT/suite.log"
 cat "$OUT/summary.txt"

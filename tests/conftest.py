@@ -75,7 +75,7 @@ def bundled_model():
     """The bundled model's ModelFiles: the trained files shipped in elmo_cache/model/bundled/.
 
     No stand-in: a package shipped without them must fail these tests, not pass them on a random
-    model (tests/test_bundled_identity.py also checks that the files are the ones the card names).
+    model (tests/model/test_bundled_identity.py also checks that the files are the ones the card names).
     """
     from elmo_cache.model import hub
 

@@ -242,7 +242,7 @@ class ProductQuantization:
         build 8x slower (benchmarks/RESULTS.md). A vector with a NaN gets arbitrary codes (a pq cache cannot
         hold a non-finite value; int8 can). Each dot product has ``dim / m`` terms, too few for a
         BLAS to split between threads, and both engines encode the same windows in the same batches, so
-        the codes are the same in every process (tests/test_distributed.py compares the bytes). On CUDA the
+        the codes are the same in every process (tests/builder/test_distributed.py compares the bytes). On CUDA the
         products run in IEEE float32, as the encoder's do, not in TF32 (a process-wide setting a user may have).
         """
         from elmo_cache.model.float32 import ieee_float32

@@ -1,6 +1,6 @@
 """The server's limits over real HTTP: uvicorn on a loopback port, plain HTTP clients.
 
-tests/test_server.py checks the same statuses in process (ASGI transport); here the bytes cross
+tests/server/test_server.py checks the same statuses in process (ASGI transport); here the bytes cross
 a socket, so what a client sees (status, headers, a body limit on a streamed upload, the
 connection staying usable) is what uvicorn really sends.
 """

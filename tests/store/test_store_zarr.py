@@ -10,9 +10,9 @@ import numpy as np
 
 import elmo_cache
 from elmo_cache.store.format import META_KEY, TOKEN_ARRAYS
-from tests.store_contract import StoreContract
-from tests.store_contract_pooled import PooledStoreContract
-from tests.store_contract_quantized import QuantizedStoreContract
+from tests.contracts.store import StoreContract
+from tests.contracts.store_pooled import PooledStoreContract
+from tests.contracts.store_quantized import QuantizedStoreContract
 
 
 class TestZarrStore(StoreContract, PooledStoreContract, QuantizedStoreContract):

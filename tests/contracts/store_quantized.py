@@ -1,6 +1,6 @@
 """The store contract for int8-quantised vectors (``build --quantize int8``): rows of codes and a float32 scale
 read back as floats within half a step, as codes, and covered by the checksums. A container's test class inherits
-:class:`QuantizedStoreContract` beside :class:`tests.store_contract.StoreContract`, whose hooks (``write``,
+:class:`QuantizedStoreContract` beside :class:`tests.contracts.store.StoreContract`, whose hooks (``write``,
 ``data_of``, ``where``) it uses."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from elmo_cache import store
 from elmo_cache.errors import CacheCorruptError
 from elmo_cache.rows.quantize import Quantization
 from elmo_cache.verify.checks import verify
-from tests.store_contract import DIM, _sentences
+from tests.contracts.store import DIM, _sentences
 
 
 class QuantizedStoreContract:

@@ -21,7 +21,7 @@ from elmo_cache.model import efml, efml_hub, sources
 from tests.efml_fixtures import write_model
 
 SENTENCE = ["我们", "是", "中文", "。", "cat"]
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture

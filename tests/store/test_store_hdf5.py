@@ -9,9 +9,9 @@ import h5py
 import numpy as np
 
 from elmo_cache.store.format import META_KEY
-from tests.store_contract import StoreContract
-from tests.store_contract_pooled import PooledStoreContract
-from tests.store_contract_quantized import QuantizedStoreContract
+from tests.contracts.store import StoreContract
+from tests.contracts.store_pooled import PooledStoreContract
+from tests.contracts.store_quantized import QuantizedStoreContract
 
 
 class TestHdf5Store(StoreContract, PooledStoreContract, QuantizedStoreContract):

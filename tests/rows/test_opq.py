@@ -21,8 +21,8 @@ from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import CODEBOOKS
 from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
-from tests.test_pq import _training_calls
-from tests.test_resume import failing_on
+from tests.builder.test_resume import failing_on
+from tests.rows.test_pq import _training_calls
 
 faiss = pytest.importorskip("faiss")
 
@@ -283,7 +283,7 @@ def test_a_flipped_bit_in_a_rotation_is_caught_by_verify_and_at_open(tmp_path, t
 
 
 def test_the_servers_live_answers_are_rotated_centroids(tmp_path, tiny_encoder, corpus):
-    # Dataset, collate and export of opq caches: tests/test_pq.py, parametrised over both schemes.
+    # Dataset, collate and export of opq caches: tests/rows/test_pq.py, parametrised over both schemes.
     build(corpus, BuildOptions(output=tmp_path / "q.zarr", quantize="opq:4", progress=False, layers="1,2"),
           encoder=tiny_encoder)  # fmt: skip
     _live_answers_are_rotated_centroids(elmo_cache.open(tmp_path / "q.zarr"), tiny_encoder)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bundled_model" / "build_corpus.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bundled_model" / "build_corpus.py"
 
 
 def _load():

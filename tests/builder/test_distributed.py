@@ -215,7 +215,7 @@ def test_killed_driver_resumes(tiny_model, corpus, reference, tmp_path):
         f"weight_file={str(tiny_model[1])!r}, dedupe=True, pool='mean', **{SMALL!r}), address={address!r}, workers=2, "
         "parts=4, cpus_per_worker=0.5)"
     )
-    driver = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent)
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2])
     parts = staging_path(output) / BUILD_DIR / "parts"
     deadline = time.monotonic() + 120
     while not (parts.is_dir() and any(parts.glob("*.done"))) and driver.poll() is None and time.monotonic() < deadline:

@@ -1,5 +1,5 @@
 """Pooled sentence vectors (``build --pool``): the pool against a numpy reference, the build (local engine; the ray
-engine in tests/test_distributed.py), the identity, the CLI and the server."""
+engine in tests/builder/test_distributed.py), the identity, the CLI and the server."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bundled_model" / "ngram_baselines.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bundled_model" / "ngram_baselines.py"
 
 
 def _load():

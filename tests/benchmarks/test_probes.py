@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-MINI = Path(__file__).resolve().parent / "data" / "wordnet_mini"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+MINI = Path(__file__).resolve().parents[1] / "data" / "wordnet_mini"
 sys.path.insert(0, str(BENCHMARKS))
 
 import _wordnet as wn  # noqa: E402 - the benchmarks folder is not a package: it goes on the path first

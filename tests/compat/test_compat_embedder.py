@@ -31,7 +31,7 @@ SENTENCES = [
 ]
 # The stateless path agrees with a lone encoding within float32 round-off of the word cache (~1e-7).
 ATOL = 1e-6
-# bilm-tf's outputs against any float32 implementation (tests/test_encoder.py: GOLDEN_ATOL).
+# bilm-tf's outputs against any float32 implementation (tests/encoder/test_encoder.py: GOLDEN_ATOL).
 GOLDEN_ATOL = 2e-6
 
 
@@ -224,7 +224,7 @@ def test_bad_model_arguments_are_refused(tiny_model):
 
 
 def test_readme_migration_example_runs_offline(offline, tmp_path, monkeypatch, capsys):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Migrating from allennlp 0.9's `ElmoEmbedder`", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 2 and "from elmo_cache.compat import ElmoEmbedder" in blocks[0]

@@ -16,7 +16,7 @@ from elmo_cache.store import zarr as zarr_store
 from elmo_cache.store.format import staging_path
 from elmo_cache.store.zarr import maps as zarr_maps
 from elmo_cache.verify.checks import verify
-from tests.store_contract import DIM, _append, _metadata, _sentences
+from tests.contracts.store import DIM, _append, _metadata, _sentences
 
 ROW = (2, DIM)
 

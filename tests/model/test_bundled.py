@@ -55,7 +55,7 @@ def test_encoder_load_without_a_name_is_the_bundled_model(bundled_model, offline
 
 
 def _readme_python_blocks() -> list[str]:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     return [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
 
 

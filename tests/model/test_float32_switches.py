@@ -1,6 +1,6 @@
 """fp32 stays IEEE float32 on CUDA: the process-wide TF32 switches are off while an fp32 forward runs.
 
-The switches are plain attributes, so their handling is checked here without a GPU; tests/test_cuda.py checks
+The switches are plain attributes, so their handling is checked here without a GPU; tests/encoder/test_cuda.py checks
 the numbers on one.
 """
 

@@ -66,7 +66,11 @@ def test_a_local_build_never_imports_ray(tmp_path, tiny_model):
         "print('ray imported:', any(name == 'ray' or name.startswith('ray.') for name in sys.modules))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 0, done.stderr
     assert "ray imported: False" in done.stdout

@@ -1,6 +1,6 @@
 """The store contract for pooled sentence vectors (``build --pool``): what every container must do with the
 per-sentence ``pooled`` array. A container's test class inherits :class:`PooledStoreContract` beside
-:class:`tests.store_contract.StoreContract`, whose hooks (``data_of``, ``where``, ``delete_array``, ``layout``,
+:class:`tests.contracts.store.StoreContract`, whose hooks (``data_of``, ``where``, ``delete_array``, ``layout``,
 ``output``) it uses; this module holds no test of its own."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from elmo_cache.store import Progress
 from elmo_cache.store.format import POOLED_ARRAY
 from elmo_cache.text.tokenize import sentence_hash
 from elmo_cache.verify.checks import verify
-from tests.store_contract import DIM, _metadata, _sentences, _tokens
+from tests.contracts.store import DIM, _metadata, _sentences, _tokens
 
 
 class PooledStoreContract:

@@ -22,7 +22,7 @@ from elmo_cache.errors import IncompleteCacheError, OutputLockedError
 from elmo_cache.store.format import staging_path
 from elmo_cache.store.lock import current_builder, lock_path, output_lock
 from tests._build_fixtures import corpus_lines, write_corpus
-from tests.test_resume import _command
+from tests.builder.test_resume import _command
 
 LINES = corpus_lines(40, seed=11)
 
