@@ -2,8 +2,8 @@
 
 A container is one way of laying docs/FORMAT.md's arrays on disk (a zarr v3 directory, an HDF5
 file). Everything that differs between formats lives behind :class:`Container`: its suffixes
-and detection, its option checks, its readers, its writer (and whether several workers may
-write one output at once), and its own structure and checksum checks for ``verify``. The
+and detection, its option checks, its readers, its writer, its :class:`ParallelWriter` (how several
+workers write one output at once, or None), and its own structure and checksum checks for ``verify``. The
 build, the reader, ``verify`` and the server ask the registry; none of them branches on a
 format's name.
 
@@ -24,12 +24,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from elmo_cache.store.staging import Progress, Writer
+    import numpy as np
+
+    from elmo_cache.store.staging import Layout, Progress, Writer
 
 __all__ = [
     "Container",
     "OutputKind",
     "OutputState",
+    "ParallelWriter",
+    "PartFiles",
+    "PartSink",
     "inspect_store",
 ]
 
@@ -78,6 +83,101 @@ def inspect_store(
     return OutputState(kind, container.name, progress=progress)
 
 
+@dataclass(frozen=True)
+class PartFiles:
+    """What one part of a parallel build wrote (:meth:`PartSink.finish`): the row-files it owned, whole, and
+    the fragments of the files it shares with its neighbours, for :meth:`ParallelWriter.stitch`."""
+
+    # Row-file number -> its (size, CRC-32), as the container's checksums record them.
+    files: dict[int, tuple[int, int]]
+    # (row-file number, first row, end row) of each fragment, rows counted in the whole cache.
+    fragments: tuple[tuple[int, int, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON a part's marker keeps, so that a resumed build stitches without redoing the part."""
+        return {
+            "files": {str(k): list(v) for k, v in self.files.items()},
+            "fragments": [list(f) for f in self.fragments],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PartFiles:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            {int(k): (int(v[0]), int(v[1])) for k, v in data["files"].items()},
+            tuple((int(k), int(lo), int(hi)) for k, lo, hi in data["fragments"]),
+        )
+
+
+class PartSink(Protocol):
+    """Where one worker's part puts its rows ``[first_row, end_row)``, given in order by :meth:`add`.
+
+    Rows go to disk as they come (a part never holds a row-file in memory). Nothing a sink writes is
+    visible at a final name until it is whole and durable, so a part redone after a crash, or a stale
+    worker still running the same part, leaves the output consistent.
+    """
+
+    def add(self, rows: np.ndarray) -> None:
+        """Append the part's next rows (of the layout's row shape)."""
+        ...
+
+    def finish(self) -> PartFiles:
+        """Make everything written durable and say what it is; raises when the part's rows did not all come."""
+        ...
+
+    def close(self) -> None:
+        """Drop whatever an unfinished part left in its temporary files (harmless after :meth:`finish`)."""
+        ...
+
+    def __enter__(self) -> PartSink: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class ParallelWriter(Protocol):
+    """How several workers write one output of a container at once (:meth:`Container.parallel_writer`).
+
+    The rows of ``vectors`` are cut into *row-files* of :meth:`file_rows` rows each, which a worker can
+    write independently. A build: the driver calls :meth:`create` once (again on resume); every part
+    writes its rows through :meth:`part` (in any process that sees the staging folder) and records the
+    :class:`PartFiles` it gets back; the driver gives every part's :class:`PartFiles` to :meth:`stitch`,
+    then the per-sentence arrays to :meth:`finish`. The result is byte for byte the cache the
+    container's single :class:`~elmo_cache.store.staging.Writer` writes. Instances are sent to the
+    workers, so they must pickle.
+    """
+
+    def file_rows(self, layout: Layout) -> int:
+        """Rows per row-file: row ``r`` lives in file ``r // file_rows``. Parts cut at these boundaries own
+        whole files; the rest are shared."""
+        ...
+
+    def create(self, staging: Path, layout: Layout, n_rows: int, metadata: dict[str, Any]) -> None:
+        """The output's skeleton in ``staging``: ``vectors`` of ``n_rows`` rows, no row written, root
+        metadata ``metadata`` (unfinished). On a resumed build, checks that the skeleton there matches."""
+        ...
+
+    def part(self, staging: Path, layout: Layout, n_rows: int, first_row: int, end_row: int) -> PartSink:
+        """A sink for the rows ``[first_row, end_row)`` of one part."""
+        ...
+
+    def stitch(self, staging: Path, layout: Layout, n_rows: int, parts: list[PartFiles]) -> dict[int, tuple[int, int]]:
+        """Write the row-files shared by several parts from their fragments; returns every row-file's
+        ``(size, CRC-32)`` by number. Raises :class:`CacheFormatError` when the parts do not cover every row."""
+        ...
+
+    def finish(
+        self,
+        staging: Path,
+        output: Path,
+        arrays: dict[str, np.ndarray],
+        metadata: dict[str, Any],
+        sums: dict[int, tuple[int, int]],
+    ) -> Path:
+        """Write the per-sentence ``arrays`` (FORMAT.md's names), the checksums (``sums`` from :meth:`stitch`)
+        and ``metadata`` (``complete: true``) last, then publish the staging at ``output``; returns it."""
+        ...
+
+
 @runtime_checkable
 class Container(Protocol):
     """One on-disk layout of the cache format."""
@@ -90,13 +190,16 @@ class Container(Protocol):
     suffixes: tuple[str, ...]
     # Whether the cache is a directory (else one file): ``verify`` reads a damaged cache by this.
     is_directory: bool
-    # Whether several workers may write the files of one output at once (the ray engine needs it).
-    parallel_writers: bool
     # Whether the vectors are chunked (chunk_rows, shard_rows and compression apply).
     chunked: bool
 
     def writer(self) -> type[Writer]:
         """The class that creates, resumes and finishes a cache of this container."""
+        ...
+
+    def parallel_writer(self) -> ParallelWriter | None:
+        """How several workers write one output at once (the ray engine needs it); None when a cache of
+        this container has a single writer."""
         ...
 
     def owns(self, path: Path) -> bool:

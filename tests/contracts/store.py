@@ -10,6 +10,7 @@ or edit a cache in its layout); this module holds no test of its own.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +24,7 @@ from elmo_cache import store
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.rows.quantize import Quantization
 from elmo_cache.store import Layout, OutputKind, OutputState, Progress
+from elmo_cache.store.container import PartFiles
 from elmo_cache.store.format import (
     ARRAYS,
     FORMAT_NAME,
@@ -31,6 +33,7 @@ from elmo_cache.store.format import (
     decode_metadata,
     staging_path,
 )
+from elmo_cache.store.parallel import sentence_arrays
 from elmo_cache.text.tokenize import sentence_hash
 from elmo_cache.verify.checks import verify
 
@@ -85,11 +88,20 @@ def _append(writer, sentences: list[np.ndarray], rows: int, first: int, row_shap
     return rows + int(lengths.sum())
 
 
+def _store_files(path: Path) -> dict[str, bytes]:
+    """Every file of a store (a directory's files by relative path, or the one file) and its bytes."""
+    if path.is_file():
+        return {path.name: path.read_bytes()}
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
 class StoreContract:
     """The tests every container passes. A subclass names the container in ``fmt`` and implements
     the hooks below, which damage or edit a cache in that container's own layout."""
 
     fmt: str
+    # Whether several workers may write one cache of this container (Container.parallel_writer is not None).
+    parallel: bool
 
     # -- hooks: what a new container's test subclass implements ---------------------------------------
 
@@ -253,6 +265,76 @@ class StoreContract:
                 np.testing.assert_array_equal(cache[i], expected.transpose(1, 0, 2))
             assert [cache.tokens(i) for i in range(6)] == _tokens(sentences)
         assert verify(output).ok
+
+    def test_a_parallel_writer_writes_the_single_writers_cache_or_is_declared_absent(self, output, tmp_path):
+        """Parts written out of order, cut inside row-files, then stitched and finished: the same bytes."""
+        writer = store.container(self.fmt).parallel_writer()
+        assert (writer is not None) == self.parallel
+        if writer is None:
+            return
+        sentences = _sentences(17, seed=7)
+        self.write(output, sentences)
+        _, _, arrays = store.open_arrays(output, ARRAYS)
+        vectors = np.concatenate(sentences)
+        n_rows, n_lines = len(vectors), len(sentences)
+        layout = self.layout()
+        meta = store.read_metadata(output)
+        assert meta is not None
+        meta.pop("checksums")
+        tokens = _tokens(sentences)
+        hashes = np.array([sentence_hash(t) for t in tokens], dtype=np.uint64)
+        text_ends = tmp_path / "text_ends.bin"
+        np.asarray(arrays["tokens/offsets"])[1:].astype(np.int64).tofile(text_ends)
+
+        other = tmp_path / "parallel" / output.name
+        other.parent.mkdir()
+        staging = staging_path(other)
+        writer.create(staging, layout, n_rows, {**meta, "complete": False})
+        file_rows = writer.file_rows(layout)
+        assert 1 <= file_rows < n_rows
+        cuts = [0, 4, file_rows + 1, n_rows]  # a part inside one file, one across a boundary, the rest
+        written = {}
+        for first, end in reversed(list(itertools.pairwise(cuts))):
+            with writer.part(staging, layout, n_rows, first, end) as sink:
+                for piece in np.array_split(vectors[first:end], 3):
+                    sink.add(piece)
+                written[first] = sink.finish()
+        # What a worker reports survives its marker's JSON (a resumed build reads it back).
+        parts = [PartFiles.from_json(json.loads(json.dumps(written[c].to_json()))) for c in cuts[:-1]]
+        assert parts == [written[c] for c in cuts[:-1]]
+        sums = writer.stitch(staging, layout, n_rows, parts)
+        assert sorted(sums) == list(range(-(-n_rows // file_rows)))
+        small = sentence_arrays(
+            tmp_path / "work",
+            n_lines,
+            np.asarray(arrays["offsets"]),
+            np.asarray(arrays["lengths"]),
+            lambda a, b: hashes[a:b],
+            np.asarray(arrays["tokens/bytes"]),
+            text_ends,
+        )
+        assert writer.finish(staging, other, small, meta, sums) == other
+        assert not staging.exists()
+        assert _store_files(other) == _store_files(output)
+        assert verify(other).ok
+
+    def test_a_parallel_writer_refuses_parts_that_miss_rows(self, output, tmp_path):
+        writer = store.container(self.fmt).parallel_writer()
+        if writer is None:
+            return
+        layout = self.layout()
+        staging = staging_path(output)
+        meta = _metadata(Progress(identity={}), complete=False, n_unique=0, row_shape=(2, DIM))
+        writer.create(staging, layout, 20, meta)
+        with writer.part(staging, layout, 20, 0, 5) as sink:
+            sink.add(np.zeros((3, 2, DIM), np.float32))
+            with pytest.raises(elmo_cache.ElmoCacheError, match="ended at row 3, not 5"):
+                sink.finish()
+        with writer.part(staging, layout, 20, 0, 5) as sink:
+            sink.add(np.zeros((5, 2, DIM), np.float32))
+            part = sink.finish()
+        with pytest.raises(CacheFormatError, match="rerun with --overwrite"):
+            writer.stitch(staging, layout, 20, [part])
 
     def test_an_empty_cache(self, output):
         self.write(output, [])

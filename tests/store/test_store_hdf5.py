@@ -16,6 +16,7 @@ from tests.contracts.store_quantized import QuantizedStoreContract
 
 class TestHdf5Store(StoreContract, PooledStoreContract, QuantizedStoreContract):
     fmt = "hdf5"
+    parallel = False
 
     def data_of(self, output: Path, name: str) -> tuple[Path, int]:
         with h5py.File(output, "r") as f:

@@ -17,6 +17,7 @@ from tests.contracts.store_quantized import QuantizedStoreContract
 
 class TestZarrStore(StoreContract, PooledStoreContract, QuantizedStoreContract):
     fmt = "zarr"
+    parallel = True
 
     def data_of(self, output: Path, name: str) -> tuple[Path, int]:
         chunk = output / name / "c" / "0"

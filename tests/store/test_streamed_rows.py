@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmo_cache.builder.ray.rowsink import FRAGMENTS_DIR, RowSink, file_range, fragment_path
 from elmo_cache.store import Layout
 from elmo_cache.store import zarr as zarr_store
 from elmo_cache.store.format import BUILD_DIR
+from elmo_cache.store.parallel import FRAGMENTS_DIR, copy_rows, file_range, fragment_path
+from elmo_cache.store.registry import get_container
 from elmo_cache.store.staging import array_blocks
 from elmo_cache.store.zarr import write as zarr_write
-from elmo_cache.store.zarr.vectors_file import VectorsFileStream, copy_rows
+from elmo_cache.store.zarr.vectors_file import VectorsFileStream
 
 ROW = (2, 4)
 
@@ -75,28 +76,31 @@ def test_row_sink_streams_a_part(tmp_path, first, end):
     lay, n_rows = layout(), 25
     all_rows = rows_of(n_rows, seed=3)
     staging = tmp_path / "part"
-    (staging / BUILD_DIR / FRAGMENTS_DIR).mkdir(parents=True)  # made by the driver
-    with RowSink(staging, lay, n_rows, first, end) as sink:
+    (staging / BUILD_DIR / FRAGMENTS_DIR).mkdir(parents=True)  # made by the driver (ParallelWriter.create)
+    writer = get_container("zarr").parallel_writer()
+    assert writer is not None
+    with writer.part(staging, lay, n_rows, first, end) as sink:
         pos = first
         for size in (1, 5, 2, 7, 3, 11, 4, 100):
             take = min(size, end - pos)
             sink.add(all_rows[pos : pos + take])
             pos += take
             assert not any(isinstance(v, np.ndarray) and v.ndim == 3 for v in vars(sink).values())
-        sink.close()
-    file_rows = zarr_store.vectors_file_rows(lay)
-    for k, got in sink.files.items():
+        written = sink.finish()
+    file_rows = writer.file_rows(lay)
+    assert file_rows == zarr_store.vectors_file_rows(lay)
+    for k, got in written.files.items():
         lo, hi = file_range(k, file_rows, n_rows)
         want = zarr_store.write_vectors_file(tmp_path / "ref", lay, n_rows, k, all_rows[lo:hi])
         assert got == want
         name = zarr_store.vectors_file_path(Path(), lay, k)
         assert (staging / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
-    for k, lo, hi in sink.fragments:
-        assert k not in sink.files
+    for k, lo, hi in written.fragments:
+        assert k not in written.files
         data = np.fromfile(fragment_path(staging, k, lo), dtype=np.float32).reshape(-1, *ROW)
         np.testing.assert_array_equal(data, all_rows[lo:hi])
     covered = sorted(
-        [file_range(k, file_rows, n_rows) for k in sink.files] + [(lo, hi) for _, lo, hi in sink.fragments]
+        [file_range(k, file_rows, n_rows) for k in written.files] + [(lo, hi) for _, lo, hi in written.fragments]
     )
     assert covered[0][0] == first and covered[-1][1] == end
     assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))
@@ -104,12 +108,12 @@ def test_row_sink_streams_a_part(tmp_path, first, end):
 
 
 def test_copy_rows_reads_in_blocks(tmp_path, monkeypatch):
-    from elmo_cache.store.zarr import vectors_file
+    from elmo_cache.store import parallel
 
     lay = layout()
     rows = rows_of(20)
     rows.tofile(tmp_path / "raw.bin")
-    monkeypatch.setattr(vectors_file, "_COPY_BYTES", 3 * lay.row_bytes)
+    monkeypatch.setattr(parallel, "_COPY_BYTES", 3 * lay.row_bytes)
 
     class Sink:
         def __init__(self) -> None:

@@ -6,20 +6,24 @@ It writes the cache ``build()`` writes, byte for byte on the same device type, i
    hashed, deduplicated and cut into the local build's windows; offsets, lengths, the stored
    tokens and each window's rows are fixed and saved under ``<output>.partial/.build/plan/``.
 2. **Parts** (:mod:`~elmo_cache.builder.ray.parts`): runs of consecutive windows (:func:`cut_parts`),
-   cut where possible at vectors-file boundaries (a vectors file is ``vectors_file_rows`` rows: one
-   zarr shard). A part owns every file whose rows all lie in its range and writes it whole through
-   the store (:func:`~elmo_cache.store.write_vectors_file`); rows of a file shared with a neighbour
-   go to a small fragment file under ``.build/fragments/``. When its files are durable, the part
-   writes its marker ``.build/parts/<i>.done`` (atomically), holding each file's size and CRC-32.
+   cut where possible at row-file boundaries (``ParallelWriter.file_rows`` rows: one zarr shard).
+   A part owns every file whose rows all lie in its range and writes it whole through the sink the
+   container's :class:`~elmo_cache.store.container.ParallelWriter` gives; rows of a file shared with a
+   neighbour go to a small fragment file under ``.build/fragments/``. When its files are durable, the
+   part writes its marker ``.build/parts/<i>.done`` (atomically), holding each file's size and CRC-32.
 3. **Ray** (:mod:`~elmo_cache.builder.ray.raydata`): the part specs go through ``map_batches`` to a
    pool of actors (:class:`~elmo_cache.builder.ray.parts.PartWriter`), each holding one encoder (a GPU
    each on CUDA); actors return small status rows only, vectors never pass through the object
    store. A failing part is reported, the others finish.
 4. **Finish** (driver, :mod:`~elmo_cache.builder.ray.stitch`): fragments stitched into their files, the
-   small arrays written, checksums, ``complete: true`` last, rename to the output.
+   small arrays written, checksums, ``complete: true`` last, rename to the output (the container's
+   ``ParallelWriter.stitch`` and ``finish``).
+
+The engine knows no store format: it writes through the container's ``parallel_writer()`` and refuses a
+container that has none.
 
 The steps every build shares (plan, output, summary) are :mod:`elmo_cache.builder.skeleton`'s; this
-module is the engine (:class:`RayEngine`). Ray is imported by ``_raydata`` only, when a build uses it.
+module is the engine (:class:`RayEngine`). Ray is imported by ``raydata`` only, when a build uses it.
 
 Resuming: the same command again reuses the plan (checked against the options, the model and
 the corpus's size and modification time), skips parts with a marker and redoes the others.
@@ -55,14 +59,14 @@ from elmo_cache.builder.output import check_resumed
 from elmo_cache.builder.plan import Plan, metadata, options_json
 from elmo_cache.builder.ray.parts import FAIL_PART_ENV, PARTS_DIR, PartJob, PartSpec, PartWriter, cut_parts, marker_path
 from elmo_cache.builder.ray.raydata import _connect, _import_ray, _run_parts
-from elmo_cache.builder.ray.rowsink import FRAGMENTS_DIR
 from elmo_cache.builder.ray.stitch import publish, stitch
 from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
-from elmo_cache.store import OutputKind, OutputState, Progress, create_group, vectors_file_rows
+from elmo_cache.store.container import OutputKind, OutputState, ParallelWriter
 from elmo_cache.store.durable import atomic_write_json
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.store.registry import containers, get_container
+from elmo_cache.store.staging import Progress
 from elmo_cache.text.corpus import Corpus
 
 # PartSpec, PartWriter and cut_parts are _parts's, named here as before it was split off; _connect is _raydata's.
@@ -101,7 +105,7 @@ def build_distributed(
     ``parts``: units of work (default: 4 per worker, at most 16 vectors files each).
     ``cpus_per_worker``: CPUs each actor reserves (default: the cluster's CPUs shared among the
     workers on CPU, 1 with a GPU). Rerunning the same call after a failure redoes only the parts
-    that did not finish. zarr output only. Raises what ``build`` raises.
+    that did not finish. Only containers with a parallel writer (zarr). Raises what ``build`` raises.
     """
     engine = RayEngine(address=address, workers=workers, parts=parts, cpus_per_worker=cpus_per_worker)
     return run_build(corpus, options or BuildOptions(), engine)
@@ -137,8 +141,8 @@ class RayEngine:
         return cls(address=address, workers=workers)
 
     def check(self, source: Corpus, plan: Plan) -> None:
-        if not get_container(plan.format).parallel_writers:
-            able = [c.name for c in containers() if c.parallel_writers]
+        if get_container(plan.format).parallel_writer() is None:
+            able = [c.name for c in containers() if c.parallel_writer() is not None]
             raise InvalidParameterError(
                 f"format: the ray engine's workers write separate files of one cache at once, and a {plan.format} "
                 f"cache has a single writer; build {' or '.join(able)} (or use --engine local)"
@@ -198,7 +202,9 @@ class RayRun:
         self.first_pass_seconds = time.monotonic() - begin
         dim = job.model.output_dim
         self.layout = layout = plan.layout(dim)
-        file_rows = vectors_file_rows(layout)
+        writer = _parallel_writer(plan.format)
+        self.writer = writer
+        file_rows = writer.file_rows(layout)
         self.progress = Progress(identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens)
         self.build_info: dict[str, Any] = {
             "args": options_json(options),
@@ -206,14 +212,13 @@ class RayRun:
             "engine": "ray",
             "started": first.info.get("started"),
         }
-        create_group(
+        writer.create(
             staging,
             layout,
             first.n_rows,
             metadata(ident, self.progress, complete=False, n_unique=0, build_info=self.build_info),
         )
-        for sub in (PARTS_DIR, FRAGMENTS_DIR):
-            (staging / BUILD_DIR / sub).mkdir(parents=True, exist_ok=True)
+        (staging / BUILD_DIR / PARTS_DIR).mkdir(parents=True, exist_ok=True)
 
         self.gpu = gpu = device.startswith("cuda")
         self.workers, self.cpus_per_worker = workers, cpus_per_worker = _pool(
@@ -231,6 +236,7 @@ class RayRun:
             plan,
             layout,
             first.n_rows,
+            writer,
             job.model_files,
             # An actor with one GPU sees only that one (Ray sets CUDA_VISIBLE_DEVICES): "cuda", whatever index asked.
             "cuda" if gpu else device,
@@ -282,7 +288,7 @@ class RayRun:
             parts_seconds=round(self.parts_seconds, 3),
             parts_tokens_per_s=round(tokens_run / self.parts_seconds, 1) if self.parts_seconds > 0 else None,
         )
-        sums = stitch(self.staging, self.layout, first, self.specs)
+        sums = stitch(self.writer, self.staging, self.layout, first, self.specs)
 
         def meta_of(n_unique: int) -> dict[str, Any]:
             seconds = time.monotonic() - began
@@ -297,7 +303,7 @@ class RayRun:
 
         extra = final_arrays(self.staging, self.job.plan, self.job.model.output_dim)
         path, n_unique = publish(
-            self.staging, self.job.plan.output, first, sums, meta_of, self.layout, self.specs, extra
+            self.writer, self.staging, self.job.plan.output, first, sums, meta_of, self.layout, self.specs, extra
         )
         return Finished(
             path,
@@ -314,6 +320,12 @@ class RayRun:
                 "workers_asked": self.workers,
             },
         )
+
+
+def _parallel_writer(format: str) -> ParallelWriter:
+    writer = get_container(format).parallel_writer()
+    assert writer is not None  # check() refused the containers without one
+    return writer
 
 
 def _now() -> str:

@@ -1,10 +1,12 @@
 """The ray engine's unit of work, a *part*: how the windows are cut into parts, and what a worker does with one.
 
-A part is a run of consecutive windows (:func:`cut_parts`), cut where possible at vectors-file
-boundaries (a vectors file is ``vectors_file_rows`` rows: one zarr shard). A part owns every file
+A part is a run of consecutive windows (:func:`cut_parts`), cut where possible at row-file
+boundaries (the container's ``ParallelWriter.file_rows``: for zarr, one shard of ``vectors``). A part owns every file
 whose rows all lie in its range and writes it whole; rows of a file shared with a neighbour go to a
-small fragment file (:mod:`elmo_cache.builder.ray.rowsink`). When its files are durable, the part writes
-its marker ``.build/parts/<i>.done`` (atomically), holding each file's size and CRC-32.
+small fragment file. How a file or a fragment is written is the container's business: a part puts its rows
+into the sink its :class:`~elmo_cache.store.container.ParallelWriter` gives (:meth:`~ParallelWriter.part`).
+When its files are durable, the part writes its marker ``.build/parts/<i>.done`` (atomically), holding
+each file's size and CRC-32 and its fragments (:class:`~elmo_cache.store.container.PartFiles`).
 
 :class:`PartWriter` is the callable class Ray Data runs in each actor; nothing here imports Ray.
 """
@@ -27,11 +29,11 @@ from elmo_cache.builder.encoding import WindowEncoder
 from elmo_cache.builder.firstpass import PLAN_DIR, FirstPass, load_first_pass
 from elmo_cache.builder.plan import Plan
 from elmo_cache.builder.ray.pooled_parts import PooledPart
-from elmo_cache.builder.ray.rowsink import FRAGMENTS_DIR, RowSink
 from elmo_cache.errors import CacheFormatError, ElmoCacheError
-from elmo_cache.store import Layout
-from elmo_cache.store.durable import atomic_write_json, fsync_path
+from elmo_cache.store.container import ParallelWriter
+from elmo_cache.store.durable import atomic_write_json
 from elmo_cache.store.format import BUILD_DIR
+from elmo_cache.store.staging import Layout
 
 __all__ = ["FAIL_PART_ENV", "PARTS_DIR", "PartJob", "PartSpec", "PartWriter", "cut_parts", "marker_path", "run_part"]
 
@@ -105,6 +107,8 @@ class PartJob:
     layout: Layout
     # Rows of the whole cache.
     n_rows: int
+    # How the container's files are written by several workers (its Container.parallel_writer()).
+    writer: ParallelWriter
     # The model's files (files.ModelFiles), resolved by the driver.
     model_files: Any
     # The encoder's device, precision and initial state.
@@ -126,7 +130,7 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
     begin = time.monotonic()
     tokens = encoded = 0
     pooled = PooledPart(job.staging, spec.index) if job.layout.pooled_shape is not None else None
-    with RowSink(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row) as sink:
+    with job.writer.part(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row) as sink:
         with torch.inference_mode():
             for w in range(spec.first_window, spec.end_window):
                 window, offsets, new, first_row = plan.window(w)
@@ -136,12 +140,11 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
                     pooled.add(window_pooled)
                 tokens += int(window.lengths.sum(dtype=np.int64))
                 encoded += count
-        sink.close()
+        written = sink.finish()
     if pooled is not None:
         pooled.close()  # durable at its final name before the marker says the part is done
     if job.fail_part == spec.index:
         raise ElmoCacheError(f"part {spec.index} failed on purpose ({FAIL_PART_ENV}, a test hook)")
-    fsync_path(job.staging / BUILD_DIR / FRAGMENTS_DIR, directory=True)
     seconds = time.monotonic() - begin
     status = {
         "part": spec.index,
@@ -152,11 +155,7 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
         "worker": f"{socket.gethostname()}:{os.getpid()}",
         "model": encode.encoder.identity,
     }
-    marker = {
-        **status,
-        "files": {str(k): list(v) for k, v in sink.files.items()},
-        "fragments": [list(f) for f in sink.fragments],
-    }
+    marker = {**status, **written.to_json()}
     atomic_write_json(marker_path(job.staging, spec.index), marker)
     return status
 

@@ -45,12 +45,14 @@ class Hdf5Container:
     description = "an HDF5 file"
     suffixes: tuple[str, ...] = (".h5", ".hdf5", ".he5")
     is_directory = False
-    # An HDF5 file has a single writer.
-    parallel_writers = False
     chunked = False
 
     def writer(self) -> type[Writer]:
         return Hdf5Writer
+
+    def parallel_writer(self) -> None:
+        # An HDF5 file has a single writer: h5py cannot let several processes write one file.
+        return None
 
     def owns(self, path: Path) -> bool:
         return path.is_file() and is_store(path)

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.store.container import OutputState, inspect_store
+from elmo_cache.store.container import OutputState, ParallelWriter, inspect_store
 from elmo_cache.store.format import CHECKSUMS_FILE, ZARR_JSON
 from elmo_cache.store.staging import Writer
+from elmo_cache.store.zarr.parallel import ZarrParallelWriter
 from elmo_cache.store.zarr.read import is_store, open_arrays, open_with_library, read_metadata
 from elmo_cache.store.zarr.write import COMPRESSIONS, file_checksum
 from elmo_cache.store.zarr.writer import ZarrWriter
@@ -36,12 +37,14 @@ class ZarrContainer:
     description = "a zarr v3 directory"
     suffixes: tuple[str, ...] = (".zarr",)
     is_directory = True
-    # Shards are independent files: workers write disjoint ones, the driver stitches the shared ones.
-    parallel_writers = True
     chunked = True
 
     def writer(self) -> type[Writer]:
         return ZarrWriter
+
+    def parallel_writer(self) -> ParallelWriter:
+        # Shards are independent files: workers write disjoint ones, the driver stitches the shared ones.
+        return ZarrParallelWriter()
 
     def owns(self, path: Path) -> bool:
         return is_store(path)

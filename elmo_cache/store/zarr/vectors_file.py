@@ -31,10 +31,7 @@ from elmo_cache.store.zarr.write import (
     write_vectors_file,
 )
 
-__all__ = ["VectorsFileStream", "copy_rows"]
-
-# Bytes of rows read at a time when a spooled file is copied into another.
-_COPY_BYTES = 16 * 2**20
+__all__ = ["VectorsFileStream"]
 
 
 class VectorsFileStream:
@@ -118,15 +115,3 @@ class VectorsFileStream:
     def __exit__(self, *exc: Any) -> None:
         if self._handle is not None:
             self.close()
-
-
-def copy_rows(source: Path, count: int, layout: Layout, sink: Any) -> None:
-    """``sink.write`` the ``count`` rows of the raw file ``source``, a block at a time (read, not mapped)."""
-    step = max(1, _COPY_BYTES // layout.row_bytes)
-    per_row = layout.row_bytes // np.dtype(layout.dtype).itemsize
-    for start in range(0, count, step):
-        take = min(step, count - start)
-        rows = np.fromfile(source, dtype=layout.dtype, count=take * per_row, offset=start * layout.row_bytes)
-        if len(rows) != take * per_row:
-            raise OSError(f"{source}: shorter than its {count} rows")
-        sink.write(rows.reshape(take, *layout.row_shape))
