@@ -4,7 +4,7 @@ A container (:class:`elmo_cache.store.container.Container`) must write a cache t
 writer that its own reader (``open_arrays``), ``read_metadata``, ``open_with_library`` and
 :class:`elmo_cache.reader.cache.Cache` all read back the same, crash-safely and atomically, and whose
 damage ``open`` and ``verify`` name. Each container runs these tests through one subclass of
-:class:`StoreContract` in ``tests/test_store_<name>.py`` that implements the hooks (how to damage
+:class:`StoreContract` in ``tests/store/test_store_<name>.py`` that implements the hooks (how to damage
 or edit a cache in its layout); this module holds no test of its own.
 """
 
