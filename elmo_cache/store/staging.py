@@ -200,7 +200,7 @@ class Writer:
         self.extra_arrays: dict[str, np.ndarray] = {}
 
     def _column(self, spec: Column) -> RawColumn:
-        path = self.build_dir / f"{spec.name}.bin"
+        path = self.build_dir / f"{spec.name.replace('/', '_')}.bin"  # one flat folder
         if spec.staged_in_chunks and spec.chunk_rows:
             return ChunkedColumn(path, spec.dtype, spec.row_shape, spec.chunk_rows)
         return RawColumn(path, spec.dtype, spec.row_shape)
