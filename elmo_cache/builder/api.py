@@ -1,6 +1,7 @@
 """``build()``, the public entry of every build: the corpus opened, the engine made, and the build
-run by the steps of :mod:`~elmo_cache.builder.skeleton` (a ``--pool-only`` build by
-:mod:`~elmo_cache.builder.poolonly`, over the same steps).
+run by the steps of :mod:`~elmo_cache.builder.skeleton`. A ``--pool-only`` build is one of them too (its
+layout declares no token rows) when the engine writes the declared columns; for an engine that does not
+(the ray engine, for now), :mod:`~elmo_cache.builder.poolonly` strips the token rows from its full build.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 from elmo_cache.builder.engine import Engine, make_engine
 from elmo_cache.builder.options import BuildOptions, BuildSummary
 from elmo_cache.builder.plan import open_corpus
-from elmo_cache.builder.poolonly import build_pool_only
+from elmo_cache.builder.poolonly import build_pool_only_by_stripping
 from elmo_cache.builder.skeleton import build_cache
 from elmo_cache.text.corpus import Corpus
 
@@ -55,6 +56,6 @@ def run_build(
 ) -> BuildSummary:
     """The build of ``corpus`` by ``engine`` (``encoder``: the one to use instead of ``options.model``)."""
     source = open_corpus(corpus, options)
-    if options.pool_only:  # the full build with --pool, then its token rows dropped
-        return build_pool_only(source, options, engine, encoder)
+    if options.pool_only and not getattr(engine, "writes_declared_columns", False):
+        return build_pool_only_by_stripping(source, options, engine, encoder)
     return build_cache(source, options, engine, encoder)

@@ -101,6 +101,11 @@ class Engine(Protocol):
     # The name users pass as --engine and summaries report.
     name: str
 
+    # An engine that writes the layout's declared columns only (elmo_cache.store.columns) also sets
+    # ``writes_declared_columns = True``: it builds a --pool-only cache without token rows itself. Without
+    # it (an optional attribute, read with getattr), a --pool-only build runs the engine's full --pool
+    # build and strips its token rows (elmo_cache.builder.poolonly).
+
     def check(self, source: Corpus, plan: Plan) -> None:
         """Refuse, before any work, what this engine cannot build (:class:`InvalidParameterError` naming it)."""
         ...

@@ -204,6 +204,8 @@ class LocalEngine:
     """The one-process engine: reader, encoder and writer threads (see the module docstring)."""
 
     name = "local"
+    # Its writer stores what the layout declares: --pool-only builds skip the token rows (engine.Engine).
+    writes_declared_columns = True
 
     def __init__(self, encoder: Encoder | None = None):
         # The encoder given to build(), used instead of loading the model.
@@ -298,7 +300,8 @@ class LocalRun:
             tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
         )
         meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
-        self.writer.extra_arrays = final_arrays(self.writer.staging, plan, self.job.model.output_dim)
+        if self.writer.layout.token_rows:  # a pool-only cache holds no codebooks: it has no codes
+            self.writer.extra_arrays = final_arrays(self.writer.staging, plan, self.job.model.output_dim)
         try:
             path = self.writer.finalize(meta)
         except OSError as exc:
@@ -307,7 +310,7 @@ class LocalRun:
             path,
             progress.lines,
             progress.tokens,
-            progress.rows,
+            self.writer.stored_rows,
             len(hashes),
             time.monotonic() - self.began,
             progress.tokens - self.tokens_from,

@@ -132,6 +132,7 @@ class Plan:
             self.shard_rows,
             None if pooling is None else pooling.shape(self.selection.row_shape(dim)),
             None if pooling is None else pooling.dtype,
+            token_rows=not self.pool_only,
         )
 
     def quantization(self, dim: int) -> Any:
@@ -319,7 +320,8 @@ def metadata(
         **{k: v for k, v in identity.items() if k != "container"},
         "n_sentences": progress.lines,
         "n_tokens": progress.tokens,
-        "n_rows": progress.rows,
+        # A pool-only build counts the rows its offsets address but writes none.
+        "n_rows": 0 if (identity.get("pool") or {}).get("only") else progress.rows,
         "n_unique": n_unique,
         "elmo_cache_version": __version__,
         "build": build_info,

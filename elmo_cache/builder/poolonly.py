@@ -1,6 +1,12 @@
-"""``build --pool --pool-only``: a cache of pooled sentence vectors and no token rows.
+"""``build --pool --pool-only`` by an engine that does not write the layout's declared columns (the ray engine):
+its full ``--pool`` build, then the token rows stripped.
 
-The build runs in two steps, both resumable:
+An engine that writes what the layout declares (``writes_declared_columns``, the local engine) builds a
+pool-only cache directly: its layout has no token rows (``Layout.token_rows``), so the writer stages and
+publishes only the per-sentence columns, the pooled one included, and the disk holds little more than the
+finished cache. This module is the fallback for the others, kept apart until they adopt the columns.
+
+The fallback runs in two steps, both resumable:
 
 1. **The full build**, with the token vectors beside the pooled ones, by the engine asked for, at a hidden
    path next to the output (:func:`full_output`). It is an ordinary ``build --pool``: it resumes after a
@@ -44,7 +50,7 @@ if TYPE_CHECKING:
     from elmo_cache.builder.engine import Engine
     from elmo_cache.encoder.encoder import Encoder
 
-__all__ = ["build_pool_only", "full_output"]
+__all__ = ["build_pool_only_by_stripping", "full_output"]
 
 # Sentences copied at a time by the strip (their tokens are held as Python lists meanwhile).
 _BLOCK_LINES = 1 << 15
@@ -55,8 +61,10 @@ def full_output(output: Path) -> Path:
     return output.with_name(f".{output.name}.pool-only-full{output.suffix}")
 
 
-def build_pool_only(source: Corpus, options: BuildOptions, engine: Engine, encoder: Encoder | None) -> BuildSummary:
-    """The pool-only build of ``source`` by ``engine`` (see the module docstring)."""
+def build_pool_only_by_stripping(
+    source: Corpus, options: BuildOptions, engine: Engine, encoder: Encoder | None
+) -> BuildSummary:
+    """The pool-only build of ``source`` by ``engine``, through its full build (see the module docstring)."""
     began = time.monotonic()
     plan = make_plan(source, options)
     full = full_output(plan.output)

@@ -101,3 +101,121 @@ class RawColumn:
             offset=start * self.item_bytes,
         )
         return data.reshape(count, *self.item_shape)
+
+
+class ChunkedColumn(RawColumn):
+    """A :class:`RawColumn` kept as files of ``file_rows`` items each: ``path`` holds the first, ``<stem>.<k>.bin``
+    the ``k``-th. A container publishes such files as the chunk files of the finished array by renaming them
+    (:meth:`chunk_files`), so the column is never copied."""
+
+    def __init__(self, path: Path, dtype: str, item_shape: tuple[int, ...], file_rows: int):
+        super().__init__(path, dtype, item_shape)
+        self.file_rows = int(file_rows)
+        self._k = 0  # the file being appended to
+        self._in_file = 0  # its items
+
+    def file_path(self, k: int) -> Path:
+        """Where file ``k`` of the column lives while the build runs."""
+        return self.path if k == 0 else self.path.with_name(f"{self.path.stem}.{k}{self.path.suffix}")
+
+    def files(self, count: int) -> list[tuple[Path, int]]:
+        """``(path, items)`` of each file holding the first ``count`` items."""
+        return [
+            (self.file_path(k), min(self.file_rows, count - k * self.file_rows))
+            for k in range(-(-count // self.file_rows))
+        ]
+
+    def open(self, committed_items: int) -> None:
+        full, rest = divmod(committed_items, self.file_rows)
+        for k in range(full):
+            path = self.file_path(k)
+            if not path.is_file() or path.stat().st_size < self.file_rows * self.item_bytes:
+                raise CacheFormatError(
+                    f"{path}: missing or short, but {committed_items} items were committed; staging is damaged"
+                )
+            os.truncate(path, self.file_rows * self.item_bytes)  # a published last chunk was padded
+        k = full
+        while True:  # files past the committed items are garbage of a killed build
+            later = self.file_path(k + 1)
+            if not later.exists():
+                break
+            later.unlink()
+            k += 1
+        self._k, self._in_file = full, rest
+        saved, self.path = self.path, self.file_path(full)
+        try:
+            super().open(rest)
+        finally:
+            self.path = saved
+
+    def append(self, data: np.ndarray) -> None:
+        array = np.ascontiguousarray(data, dtype=self.dtype)
+        done = 0
+        while done < len(array):
+            if self._in_file == self.file_rows:  # the file is full: the next one begins
+                self.sync()
+                self.close()
+                self._k, self._in_file = self._k + 1, 0
+                self._file = open(self.file_path(self._k), "wb")  # noqa: SIM115 - held open across appends
+            take = min(len(array) - done, self.file_rows - self._in_file)
+            super().append(array[done : done + take])
+            done += take
+            self._in_file += take
+
+    def read(self, count: int) -> Any:
+        """The first ``count`` items: memory-mapped when they lie in one file, else a :class:`ChunkedRows`."""
+        if count <= self.file_rows:
+            return super().read(count)
+        return ChunkedRows(self, count)
+
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        parts = []
+        for k in range(start // self.file_rows, -(-stop // self.file_rows) if stop > start else 0):
+            a, b = max(start, k * self.file_rows), min(stop, (k + 1) * self.file_rows)
+            offset = (a - k * self.file_rows) * self.item_bytes
+            count = (b - a) * max(1, self.item_bytes // self.dtype.itemsize)
+            data = np.fromfile(self.file_path(k), dtype=self.dtype, count=count, offset=offset)
+            parts.append(data.reshape(b - a, *self.item_shape))
+        return np.concatenate(parts) if parts else np.empty((0, *self.item_shape), dtype=self.dtype)
+
+
+class ChunkedRows:
+    """The first ``count`` items of a :class:`ChunkedColumn` over several files, as far as the finish reads
+    and writes them: ``len``, ``shape``, slices read, single items read and written (in place, in the files)."""
+
+    def __init__(self, column: ChunkedColumn, count: int):
+        self.column = column
+        self.shape = (count, *column.item_shape)
+        self.dtype = column.dtype
+        self.itemsize = column.dtype.itemsize
+        self.ndim = len(self.shape)
+        self._maps: dict[int, np.memmap] = {}
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _map(self, k: int) -> np.memmap:
+        if k not in self._maps:
+            rows = min(self.column.file_rows, self.shape[0] - k * self.column.file_rows)
+            shape = (rows, *self.shape[1:])
+            self._maps[k] = np.memmap(self.column.file_path(k), dtype=self.dtype, mode="r+", shape=shape)
+        return self._maps[k]
+
+    def __getitem__(self, key: int | slice) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            assert step == 1, "rows are read in runs"
+            return self.column.read_range(start, stop)
+        k, i = divmod(int(key), self.column.file_rows)
+        return np.array(self._map(k)[i])
+
+    def __setitem__(self, key: int, value: np.ndarray) -> None:
+        k, i = divmod(int(key), self.column.file_rows)
+        self._map(k)[i] = value
+
+    def flush(self) -> None:
+        """Write the items set back to their files and sync them."""
+        for k, data in self._maps.items():
+            data.flush()
+            fsync_path(self.column.file_path(k))
+        self._maps.clear()

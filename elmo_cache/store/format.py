@@ -39,6 +39,7 @@ __all__ = [
     "metadata_checksum",
     "BLOCK_SUMS_ALGORITHM",
     "BLOCK_SUMS",
+    "block_sums_name",
     "SMALL_BLOCK_ROWS",
     "vector_block_rows",
     "VECTOR_DTYPES",
@@ -130,7 +131,13 @@ others, and named only when a cache holds them; older readers ignore them."""
 POOL_METHODS = ("mean", "max", "first-last")
 """Metadata ``pool.method`` values (elmo_cache.rows.pooling)."""
 
-BLOCK_SUMS = {name: "blocksums/" + name.replace("/", "_") for name in ARRAYS + OPTIONAL_ARRAYS}
+
+def block_sums_name(name: str) -> str:
+    """The uint32 array holding the CRC-32C of each block of rows of array ``name`` (FORMAT.md)."""
+    return "blocksums/" + name.replace("/", "_")
+
+
+BLOCK_SUMS = {name: block_sums_name(name) for name in ARRAYS + OPTIONAL_ARRAYS}
 """For each array, the uint32 array holding the CRC-32C of each of its blocks of rows (FORMAT.md)."""
 
 SMALL_BLOCK_ROWS = 1 << 16

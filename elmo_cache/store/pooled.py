@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.durable import ChunkedColumn, ChunkedRows, RawColumn
 from elmo_cache.store.format import POOLED_CHUNK_BLOCKS, pooled_block_rows
 
-__all__ = ["copy_repeats", "pooled_chunk_rows", "pooled_block_rows", "pooled_column"]
+__all__ = ["copy_repeats", "pooled_chunk_rows", "pooled_block_rows", "pooled_column", "rows_with_repeats"]
 
 # Lines read at a time when repeats get their copies (copy_repeats).
 _BLOCK_LINES = 1 << 16
@@ -26,7 +28,7 @@ def pooled_chunk_rows(n: int, row_bytes: int) -> int:
     return max(1, min(n, pooled_block_rows(row_bytes) * POOLED_CHUNK_BLOCKS))
 
 
-def copy_repeats(pooled: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
+def copy_repeats(pooled: Any, offsets: np.ndarray, lengths: np.ndarray) -> int:
     """Give each repeat of a deduplicated build a copy of its first occurrence's pooled row, in place.
 
     The engines encode a repeat's rows once, with the sentence whose rows it shares, so the pooled row of a
@@ -87,3 +89,19 @@ def pooled_column(
             os.fsync(handle.fileno())
         del data
     return np.memmap(path, dtype=dtype, mode="r", shape=(n, *item_shape))
+
+
+def rows_with_repeats(column: RawColumn, n: int, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+    """The first ``n`` rows of a staged column after the deduplicated repeats got their copies (written into its
+    files: done again, it writes the same bytes); memory-mapped, or read through when it spans several files."""
+    if not isinstance(column, ChunkedColumn) or n <= column.file_rows:
+        return pooled_column(column.path, column.dtype, column.item_shape, n, offsets, lengths)
+    for path, rows in column.files(n):
+        if not path.is_file() or path.stat().st_size < rows * column.item_bytes:
+            raise CacheFormatError(
+                f"{path}: the staged rows of {n} sentences are missing or short; rerun with --overwrite"
+            )
+    rows_view = ChunkedRows(column, n)
+    if copy_repeats(rows_view, offsets, lengths):
+        rows_view.flush()
+    return column.read(n)

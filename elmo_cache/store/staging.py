@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store.durable import RawColumn, atomic_write_json
+from elmo_cache.store.columns import HASHES, TEXT, TEXT_ENDS, Column, sentence_columns
+from elmo_cache.store.durable import ChunkedColumn, RawColumn, atomic_write_json
 from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY, PROGRESS_FILE, TEXT_ENCODING, staging_path
-from elmo_cache.store.pooled import pooled_column
+from elmo_cache.store.pooled import rows_with_repeats
 from elmo_cache.store.sentence_index import index_in_memory, sort_index
 from elmo_cache.text.tokenize import sentence_key
 
@@ -125,6 +126,16 @@ class Layout:
     pooled_shape: tuple[int, ...] | None = None
     # Storage dtype name of the pooled vectors ("float16" or "float32"); None without --pool.
     pooled_dtype: str | None = None
+    # Whether the rows of ``vectors`` are stored: False for --pool-only (``vectors`` of 0 rows; the offsets
+    # still address the rows a build with them would have).
+    token_rows: bool = True
+    # Per-sentence columns declared beyond the built-in ones and ``pooled`` (store.columns.sentence_columns).
+    columns: tuple[Column, ...] = ()
+
+    @property
+    def sentence_columns(self) -> tuple[Column, ...]:
+        """Every per-sentence column the writer stages and finishes, in order."""
+        return sentence_columns(self.pooled_shape, self.pooled_dtype or self.dtype, self.columns)
 
     @property
     def row_bytes(self) -> int:
@@ -163,8 +174,11 @@ class Progress:
 class Writer:
     """Common part of the container writers: staging folder, per-sentence columns, progress.
 
-    Subclasses store ``vectors`` (:meth:`_open_vectors`, :meth:`_append_vectors`,
-    :meth:`_sync_vectors`) and produce the final container (:meth:`finalize`).
+    The per-sentence columns are the layout's declared ones (:attr:`Layout.sentence_columns`,
+    :mod:`elmo_cache.store.columns`): each is a raw file of the staging, appended, synced before every commit,
+    cut back to the commit on resume, and finished into its array. Subclasses store ``vectors``
+    (:meth:`_open_vectors`, :meth:`_append_vectors`, :meth:`_sync_vectors`; never called for a layout
+    without token rows) and produce the final container (:meth:`finalize`).
     """
 
     def __init__(self, output: Path, layout: Layout, progress: Progress):
@@ -173,22 +187,10 @@ class Writer:
         self.staging = staging_path(output)
         self.build_dir = self.staging / BUILD_DIR
         self.progress = progress
-        self.offsets = RawColumn(self.build_dir / "offsets.bin", "int64")
-        self.lengths = RawColumn(self.build_dir / "lengths.bin", "int32")
-        self.hashes = RawColumn(self.build_dir / "hashes.bin", "uint64")
-        # Each sentence's tokens: the UTF-8 bytes of its key, and where each sentence's bytes end.
-        self.text_ends = RawColumn(self.build_dir / "text_ends.bin", "int64")
-        self.text = RawColumn(self.build_dir / "text.bin", "uint8")
-        # Each sentence's pooled vector (--pool): cut back and synced with the other per-sentence columns.
-        self.pooled: RawColumn | None = None
-        if layout.pooled_shape is not None:
-            self.pooled = RawColumn(
-                self.build_dir / "pooled.bin", layout.pooled_dtype or layout.dtype, layout.pooled_shape
-            )
-        self._columns = (self.offsets, self.lengths, self.hashes, self.text_ends) + (
-            (self.pooled,) if self.pooled is not None else ()
-        )
-        self._text_bytes = 0  # bytes of text.bin committed and appended
+        self.specs: dict[str, Column] = {spec.name: spec for spec in layout.sentence_columns}
+        self.columns: dict[str, RawColumn] = {name: self._column(spec) for name, spec in self.specs.items()}
+        # Values of each variable-size column (sized_by) committed and appended: the text's bytes.
+        self._sizes = dict.fromkeys((name for name, spec in self.specs.items() if spec.sized_by), 0)
         # rows appended since the last commit, beyond progress.rows
         self._pending_lines = 0
         self._pending_rows = 0
@@ -196,6 +198,44 @@ class Writer:
         self.initial_metadata: dict[str, Any] = {}
         # Arrays of store.format.OPTIONAL_ARRAYS the finished cache holds (a pq cache's codebooks), set by the build.
         self.extra_arrays: dict[str, np.ndarray] = {}
+
+    def _column(self, spec: Column) -> RawColumn:
+        path = self.build_dir / f"{spec.name.replace('/', '_')}.bin"  # one flat folder
+        if spec.staged_in_chunks and spec.chunk_rows:
+            return ChunkedColumn(path, spec.dtype, spec.row_shape, spec.chunk_rows)
+        return RawColumn(path, spec.dtype, spec.row_shape)
+
+    # The built-in columns by name (store.columns.sentence_columns).
+    @property
+    def offsets(self) -> RawColumn:
+        return self.columns["offsets"]
+
+    @property
+    def lengths(self) -> RawColumn:
+        return self.columns["lengths"]
+
+    @property
+    def hashes(self) -> RawColumn:
+        return self.columns[HASHES]
+
+    @property
+    def text(self) -> RawColumn:
+        return self.columns[TEXT]
+
+    @property
+    def text_ends(self) -> RawColumn:
+        return self.columns[TEXT_ENDS]
+
+    @property
+    def pooled(self) -> RawColumn | None:
+        """The pooled vectors' column (``--pool``), else None."""
+        return self.columns.get(POOLED_ARRAY)
+
+    @property
+    def stored_rows(self) -> int:
+        """Committed rows of ``vectors``: ``progress.rows``, or none when the layout stores no token rows
+        (``--pool-only``: ``progress.rows`` then counts the rows the offsets address, none of them written)."""
+        return self.progress.rows if self.layout.token_rows else 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -217,16 +257,24 @@ class Writer:
         writer._open()
         return writer
 
-    def _open(self) -> None:
-        for column in self._columns:
-            column.open(self.progress.lines)
+    def _committed(self, spec: Column) -> int:
+        """Values of column ``spec`` committed: one per line, or what its sizing column says."""
         lines = self.progress.lines
-        self._text_bytes = int(self.text_ends.read(lines)[lines - 1]) if lines else 0
-        self.text.open(self._text_bytes)
+        if spec.sized_by is None:
+            return lines
+        return int(self.columns[spec.sized_by].read(lines)[lines - 1]) if lines else 0
+
+    def _open(self) -> None:
+        self._recover_columns()
+        for name, spec in self.specs.items():  # declared in order: a sizing column is cut before what it sizes
+            committed = self._committed(spec)
+            self.columns[name].open(committed)
+            if name in self._sizes:
+                self._sizes[name] = committed
         self._open_vectors()
 
     def close(self) -> None:
-        for column in (*self._columns, self.text):
+        for column in self.columns.values():
             column.close()
         self._close_vectors()
 
@@ -240,23 +288,33 @@ class Writer:
         hashes: np.ndarray,
         tokens: Sequence[Sequence[str]],
         pooled: np.ndarray | None = None,
+        **values: np.ndarray,
     ) -> None:
         """Append the rows, per-sentence entries and tokens of consecutive sentences (not yet durable);
-        ``pooled``: their pooled vectors, when the layout has them."""
+        ``pooled``: their pooled vectors, when the layout has them; ``values``: one array per sentence for each
+        other column the layout declares, by name. A layout without token rows counts ``vectors`` (the rows the
+        offsets address) but does not store them."""
         if len(tokens) != len(lengths) or any(len(t) != n for t, n in zip(tokens, lengths.tolist())):
             raise ValueError("append: tokens must hold one token list per sentence, of the sentence's length")
         if (pooled is None) != (self.pooled is None) or (pooled is not None and len(pooled) != len(lengths)):
             raise ValueError("append: pooled must hold one vector per sentence exactly when the layout pools")
+        given = {"offsets": offsets, "lengths": lengths, HASHES: hashes, **values}
+        if pooled is not None:
+            given[POOLED_ARRAY] = pooled
         text, sizes = encode_tokens(tokens)
-        self._append_vectors(vectors)
-        self.offsets.append(offsets)
-        self.lengths.append(lengths)
-        self.hashes.append(hashes)
-        self.text.append(text)
-        self.text_ends.append(self._text_bytes + np.cumsum(sizes))
-        if self.pooled is not None:
-            self.pooled.append(pooled)  # type: ignore[arg-type]
-        self._text_bytes += len(text)
+        given[TEXT], given[TEXT_ENDS] = text, self._sizes[TEXT] + np.cumsum(sizes)
+        for name, spec in self.specs.items():
+            if name not in given or (spec.sized_by is None and len(given[name]) != len(lengths)):
+                raise ValueError(f"append: the layout declares column {name!r}: one value per sentence is needed")
+        unknown = set(given) - set(self.specs)
+        if unknown:
+            raise ValueError(f"append: no column {sorted(unknown)} is declared by the layout")
+        if self.layout.token_rows:
+            self._append_vectors(vectors)
+        for name, column in self.columns.items():
+            column.append(given[name])
+            if name in self._sizes:
+                self._sizes[name] += len(given[name])
         self._pending_lines += len(lengths)
         self._pending_rows += len(vectors)
         self._pending_tokens += int(np.sum(lengths, dtype=np.int64))
@@ -264,7 +322,7 @@ class Writer:
     def commit(self, *, done: bool = False, seconds: float = 0.0, encoded_tokens: int = 0) -> None:
         """Make everything appended durable, then record it in ``progress.json``."""
         extra = self._sync_vectors()
-        for column in (*self._columns, self.text):
+        for column in self.columns.values():
             column.sync()
         p = self.progress
         p.lines += self._pending_lines
@@ -293,24 +351,34 @@ class Writer:
         self._index = (self.progress.lines, result)
         return result
 
+    def array_columns(self) -> dict[str, Column]:
+        """The declared column behind each array written as it is (block rows, chunking, optional)."""
+        return {spec.array: spec for spec in self.specs.values() if spec.array is not None}
+
     def small_arrays(self) -> dict[str, np.ndarray]:
+        """Every array but ``vectors``, in the order the containers write them (FORMAT.md's, then the
+        optional ones): the declared columns' committed values, and the index and token offsets derived."""
         n = self.progress.lines
         hashes, rows = self.index()
         starts = offsets_after_zero(self.text_ends.path, n, self.build_dir / "token_offsets.bin")
+        offsets, lengths = self.offsets.read(n), self.lengths.read(n)
+        written: dict[str, Any] = {}
+        for array, spec in self.array_columns().items():
+            column = self.columns[spec.name]
+            if spec.copies_repeats:
+                written[array] = rows_with_repeats(column, n, offsets, lengths)
+            else:
+                written[array] = column.read(self._committed(spec))
         arrays = {
-            "offsets": self.offsets.read(n),
-            "lengths": self.lengths.read(n),
+            "offsets": written.pop("offsets"),
+            "lengths": written.pop("lengths"),
             "index/hashes": hashes,
             "index/rows": rows,
-            "tokens/bytes": self.text.read(int(starts[-1])),
+            "tokens/bytes": written.pop("tokens/bytes"),
             "tokens/offsets": starts,
             **self.extra_arrays,
+            **written,
         }
-        if self.pooled is not None:
-            column = self.pooled
-            arrays[POOLED_ARRAY] = pooled_column(
-                column.path, column.dtype, column.item_shape, n, arrays["offsets"], arrays["lengths"]
-            )
         return arrays
 
     def committed_key(self, i: int) -> bytes:
@@ -331,6 +399,10 @@ class Writer:
 
     def _create_container(self) -> None:
         raise NotImplementedError
+
+    def _recover_columns(self) -> None:
+        """Hook run before the columns are reopened: take back column files a finish that did not complete
+        had already moved into the container."""
 
     def _open_vectors(self) -> None:
         raise NotImplementedError

@@ -136,8 +136,11 @@ def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encod
 
 
 def test_a_crash_in_the_strip_is_redone(tmp_path, tiny_encoder, monkeypatch):
+    """The fallback of engines that do not write the declared columns (the ray engine): full build, then strip."""
     import elmo_cache.builder.poolonly as poolonly
+    from elmo_cache.builder.local import LocalEngine
 
+    monkeypatch.setattr(LocalEngine, "writes_declared_columns", False)
     corpus = write_corpus(tmp_path / "c.txt", LINES)
     reference, output = tmp_path / "r.h5", tmp_path / "o.h5"
     build(corpus, BuildOptions(output=reference, pool="max", pool_only=True, progress=False), encoder=tiny_encoder)
@@ -155,6 +158,35 @@ def test_a_crash_in_the_strip_is_redone(tmp_path, tiny_encoder, monkeypatch):
     assert not build(corpus, options, encoder=tiny_encoder).already_complete
     assert raw_arrays(output)[1]["pooled"].tobytes() == raw_arrays(reference)[1]["pooled"].tobytes()
     assert not full_output(output).exists()
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_direct_build_writes_no_full_cache_and_a_crash_in_its_finish_is_redone(
+    tmp_path, tiny_encoder, monkeypatch, suffix
+):
+    import elmo_cache.store.hdf5.writer as hdf5_writer
+    import elmo_cache.store.zarr.write as zarr_write
+
+    corpus = write_corpus(tmp_path / "c.txt", LINES)
+    reference, output = tmp_path / f"r{suffix}", tmp_path / f"o{suffix}"
+    options = dict(pool="mean", pool_only=True, dedupe=True, progress=False)
+    build(corpus, BuildOptions(output=reference, **options), encoder=tiny_encoder)
+    assert not full_output(reference).exists()
+    # zarr: after the pooled rows were moved into the group (not copied); HDF5: once cache.h5 is written.
+    module, name = (zarr_write, "_write_checksums") if suffix == ".zarr" else (hdf5_writer, "fsync_path")
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash in the finish")
+
+    monkeypatch.setattr(module, name, crash)
+    with pytest.raises(RuntimeError, match="in the finish"):
+        build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert not output.exists() and not full_output(output).exists()
+    monkeypatch.undo()
+    summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert not summary.already_complete and summary.n_rows == 0
+    assert_same_cache(output, reference)
+    assert verify(output).ok
 
 
 def test_export_and_dataset_refuse(tmp_path, tiny_encoder):

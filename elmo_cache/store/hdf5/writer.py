@@ -25,13 +25,12 @@ from elmo_cache.store.format import (
     CHECKSUM_ALGORITHM,
     META_KEY,
     OPTIONAL_ARRAYS,
-    POOLED_ARRAY,
     SMALL_BLOCK_ROWS,
+    block_sums_name,
     checksum,
     metadata_checksum,
     vector_block_rows,
 )
-from elmo_cache.store.pooled import pooled_block_rows
 from elmo_cache.store.staging import Layout, Progress, Writer, array_blocks
 
 __all__ = ["Hdf5Writer", "little_endian"]
@@ -57,7 +56,7 @@ class Hdf5Writer(Writer):
         pass  # nothing but raw files until the end
 
     def _open_vectors(self) -> None:
-        self.vectors.open(self.progress.rows)
+        self.vectors.open(self.stored_rows)
 
     def _append_vectors(self, vectors: np.ndarray) -> None:
         if len(vectors):
@@ -71,7 +70,7 @@ class Hdf5Writer(Writer):
         self.vectors.close()
 
     def finalize(self, metadata: dict[str, Any]) -> Path:
-        rows = self.progress.rows
+        rows = self.stored_rows
         tmp = self.staging / "cache.h5"
         tmp.unlink(missing_ok=True)
         self.vectors.sync()
@@ -95,13 +94,16 @@ class Hdf5Writer(Writer):
             crcs["vectors"] = crc
             all_sums = {BLOCK_SUMS["vectors"]: np.concatenate(sums) if sums else np.empty(0, np.uint32)}
             optional: dict[str, int] = {}  # block rows of the optional arrays written (pooled)
+            declared = self.array_columns()
             for name, data in self.small_arrays().items():
                 # Copied a block at a time (a whole copy would stay resident); a step is whole sum blocks.
                 dataset = f.create_dataset(name, shape=data.shape, dtype=data.dtype.newbyteorder("<"))
                 crc, sums = 0, []
                 row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
-                rows_per_sum = pooled_block_rows(row_bytes) if name == POOLED_ARRAY else SMALL_BLOCK_ROWS
-                optional.update({name: rows_per_sum} if name in OPTIONAL_ARRAYS else {})
+                spec = declared.get(name)
+                rows_per_sum = spec.block_rows if spec is not None else SMALL_BLOCK_ROWS
+                if name in OPTIONAL_ARRAYS or (spec is not None and spec.optional):
+                    optional[name] = rows_per_sum
                 step = max(1, _COPY_BYTES // (row_bytes * rows_per_sum)) * rows_per_sum
                 for start, block in array_blocks(data, step):
                     block = little_endian(block)
@@ -109,8 +111,7 @@ class Hdf5Writer(Writer):
                     crc = checksum(block, crc)
                     sums.append(block_sums(block, rows_per_sum))
                 crcs[name] = crc
-                if name in BLOCK_SUMS:
-                    all_sums[BLOCK_SUMS[name]] = np.concatenate(sums) if sums else np.empty(0, np.uint32)
+                all_sums[block_sums_name(name)] = np.concatenate(sums) if sums else np.empty(0, np.uint32)
             for name, array in all_sums.items():
                 array = little_endian(array)
                 f.create_dataset(name, data=array)

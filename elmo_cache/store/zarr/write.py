@@ -20,6 +20,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.blocksums import block_sums, read_sums_file, sums_listing, write_sums_file
+from elmo_cache.store.columns import Column
 from elmo_cache.store.durable import fsync_path
 from elmo_cache.store.format import (
     BLOCK_SUMS,
@@ -29,8 +30,10 @@ from elmo_cache.store.format import (
     META_KEY,
     OPTIONAL_ARRAYS,
     POOLED_ARRAY,
+    POOLED_CHUNK_BLOCKS,
     SMALL_BLOCK_ROWS,
     ZARR_JSON,
+    block_sums_name,
     checksum,
     metadata_checksum,
 )
@@ -272,15 +275,15 @@ def _write_checksums(staging: Path, known: dict[str, tuple[int, int]]) -> None:
         os.fsync(f.fileno())
 
 
-def _write_small_array(group: Any, name: str, data: np.ndarray) -> np.ndarray:
-    """Write ``data`` (1-D, or ``pooled``'s rows) as array ``name`` of ``group`` a block at a time; returns its
-    block sums."""
-    block_rows = _block_rows(name, data)
-    if name == POOLED_ARRAY:
+def _create_small_array(group: Any, name: str, data: Any, column: Column | None) -> Any:
+    """The zarr array ``name`` for ``data`` (1-D, or a declared column's rows), its chunks not written."""
+    if column is not None and column.chunk_rows is not None:
+        chunk_rows = max(1, min(len(data), column.chunk_rows))
+    elif name == POOLED_ARRAY:
         chunk_rows = pooled_chunk_rows(len(data), _row_bytes(data))
     else:
         chunk_rows = max(1, min(len(data), TEXT_CHUNK if name == "tokens/bytes" else SMALL_CHUNK))
-    array = group.create_array(
+    return group.create_array(
         name,
         shape=data.shape,
         dtype=data.dtype,
@@ -292,6 +295,13 @@ def _write_small_array(group: Any, name: str, data: np.ndarray) -> np.ndarray:
         # it). As the array's config: zarr 3.1 ignores the global "array.write_empty_chunks" key.
         config={"write_empty_chunks": True},
     )
+
+
+def _write_small_array(group: Any, name: str, data: np.ndarray, column: Column | None = None) -> np.ndarray:
+    """Write ``data`` (1-D, or ``pooled``'s rows) as array ``name`` of ``group`` a block at a time; returns its
+    block sums."""
+    block_rows = _block_rows(name, data, column)
+    array = _create_small_array(group, name, data, column)
     # Whole chunks and whole sum blocks per step, so each chunk is written once and each sum is of one block.
     unit = math.lcm(array.chunks[0], block_rows)
     step = unit * max(1, _BLOCK_BYTES // (unit * _row_bytes(data)))
@@ -302,12 +312,40 @@ def _write_small_array(group: Any, name: str, data: np.ndarray) -> np.ndarray:
     return np.concatenate(sums) if sums else np.empty(0, np.uint32)
 
 
-def _row_bytes(data: np.ndarray) -> int:
+def staged_chunk_path(root: Path, name: str, k: int, ndim: int) -> Path:
+    """Where chunk ``k`` of the unsharded array ``name`` (of ``ndim`` axes) lives in the group at ``root``."""
+    return root.joinpath(*name.split("/"), "c", str(k), *("0" * (ndim - 1)))
+
+
+def _publish_staged_array(
+    group: Any, staging: Path, name: str, data: Any, column: Column, files: list[tuple[Path, int]]
+) -> np.ndarray:
+    """Array ``name`` from its staged files, one per chunk (a :class:`~elmo_cache.store.durable.ChunkedColumn`),
+    moved into the group rather than copied: an uncompressed chunk is its rows' raw bytes, the last one padded
+    with zeros to the chunk's rows when the array has several. Returns its block sums (read before the move).
+    A finish interrupted after some moves takes them back on resume (ZarrWriter._recover_columns)."""
+    block_rows = _block_rows(name, data, column)
+    sums = [block_sums(block, block_rows) for _, block in array_blocks(data, block_rows * POOLED_CHUNK_BLOCKS)]
+    array = _create_small_array(group, name, data, column)
+    chunk_rows, row_bytes = int(array.chunks[0]), _row_bytes(data)
+    for k, (path, rows) in enumerate(files):
+        want = chunk_rows * row_bytes
+        if path.stat().st_size != want:  # the last chunk of several: zero-padded; a lone chunk is its rows
+            os.truncate(path, want if len(files) > 1 else rows * row_bytes)
+        fsync_path(path)
+        _publish(path, staged_chunk_path(staging, name, k, len(data.shape)))
+    return np.concatenate(sums) if sums else np.empty(0, np.uint32)
+
+
+def _row_bytes(data: Any) -> int:
     return max(1, data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64)))
 
 
-def _block_rows(name: str, data: np.ndarray) -> int:
-    """Rows per checked block of array ``name`` (FORMAT.md, "Block checksums")."""
+def _block_rows(name: str, data: Any, column: Column | None = None) -> int:
+    """Rows per checked block of array ``name`` (FORMAT.md, "Block checksums"): its declared column's, else
+    the format's rule (the ray engine's finish names no columns)."""
+    if column is not None:
+        return column.block_rows
     return pooled_block_rows(_row_bytes(data)) if name == POOLED_ARRAY else SMALL_BLOCK_ROWS
 
 
@@ -317,6 +355,8 @@ def finish_group(
     small_arrays: dict[str, np.ndarray],
     metadata: dict[str, Any],
     vector_sums: dict[int, tuple[int, int]] | None = None,
+    columns: dict[str, Column] | None = None,
+    staged: dict[str, list[tuple[Path, int]]] | None = None,
 ) -> Path:
     """Finish the zarr cache built in ``staging`` and publish it at ``output``.
 
@@ -324,7 +364,9 @@ def finish_group(
     writes the 1-D arrays (``offsets``, ``lengths``, ``index/hashes``, ``index/rows``, ``tokens/bytes``,
     ``tokens/offsets``), ``checksums.json`` (``vector_sums[k]`` is vectors file ``k``'s ``(size, CRC-32)``
     when already known), then the metadata with ``complete: true`` and its checksum, last; syncs,
-    renames the folder to ``output`` and removes the build folder.
+    renames the folder to ``output`` and removes the build folder. ``columns``: the declared column of each
+    array written as it is (its block rows, chunks, whether optional; store.columns); ``staged``: the arrays
+    whose rows are staged as one file per chunk (``(path, rows)`` each), moved into the group instead of copied.
     """
     import zarr
 
@@ -338,8 +380,13 @@ def finish_group(
     # Block sums (FORMAT.md, "Block checksums"): the vectors' from the files' writers, the others' as their
     # blocks are copied in (a block at a time: a whole copy would stay resident, bytes per line of corpus).
     sums = {BLOCK_SUMS["vectors"]: _vector_block_sums(staging, vectors)}
+    columns, staged = columns or {}, staged or {}
     for name, data in small_arrays.items():
-        sums[BLOCK_SUMS[name]] = _write_small_array(group, name, data)
+        column = columns.get(name)
+        if column is not None and name in staged:
+            sums[block_sums_name(name)] = _publish_staged_array(group, staging, name, data, column, staged[name])
+        else:
+            sums[block_sums_name(name)] = _write_small_array(group, name, data, column)
     for name, data in sums.items():
         _write_small_array(group, name, data)
     for directory, _, files in os.walk(staging):
@@ -362,7 +409,11 @@ def finish_group(
         "metadata": metadata_checksum(final),
         "blocks": sums_listing(
             int(vectors.chunks[0]),
-            {name: _block_rows(name, data) for name, data in small_arrays.items() if name in OPTIONAL_ARRAYS},
+            {
+                name: _block_rows(name, data, columns.get(name))
+                for name, data in small_arrays.items()
+                if name in OPTIONAL_ARRAYS or getattr(columns.get(name), "optional", False)
+            },
         ),
     }
     group.attrs[META_KEY] = final

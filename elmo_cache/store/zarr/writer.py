@@ -11,7 +11,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.blocksums import BlockSummer, write_sums_file
-from elmo_cache.store.durable import RawColumn
+from elmo_cache.store.durable import ChunkedColumn, RawColumn
 from elmo_cache.store.format import checksum
 from elmo_cache.store.staging import Layout, Progress, Writer
 from elmo_cache.store.zarr.write import (
@@ -23,6 +23,7 @@ from elmo_cache.store.zarr.write import (
     _write_file_body,
     create_group,
     finish_group,
+    staged_chunk_path,
     vectors_file_path,
     vectors_file_rows,
 )
@@ -67,8 +68,21 @@ class ZarrWriter(Writer):
     def _create_container(self) -> None:
         create_group(self.staging, self.layout, 0, self.initial_metadata)
 
+    def _recover_columns(self) -> None:
+        for spec in self.specs.values():
+            column = self.columns[spec.name]
+            if spec.array is None or not isinstance(column, ChunkedColumn):
+                continue
+            k = 0
+            while True:  # chunk files a finish moved into the group before it was interrupted
+                moved = staged_chunk_path(self.staging, spec.array, k, 1 + len(spec.row_shape))
+                if not moved.is_file():
+                    break
+                os.replace(moved, column.file_path(k))
+                k += 1
+
     def _open_vectors(self) -> None:
-        rows = self.progress.rows
+        rows = self.stored_rows
         published = rows // self.file_rows
         self.file_sums.open(published)
         for k in range(published):  # finish a publication a crash interrupted
@@ -196,7 +210,7 @@ class ZarrWriter(Writer):
     # -- finishing ----------------------------------------------------------------------------
 
     def finalize(self, metadata: dict[str, Any]) -> Path:
-        rows = self.progress.rows
+        rows = self.stored_rows
         assert rows == self._rows and not self._filled, "finalize follows the last commit"
         self._close_handle(sync=True)
         files = -(-rows // self.file_rows)
@@ -210,5 +224,11 @@ class ZarrWriter(Writer):
             # Compressed: the raw rows stay until the build folder goes, in case finishing fails.
             _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
         small = self.small_arrays()
+        columns = self.array_columns()
+        staged = {
+            array: column.files(len(small[array]))
+            for array, spec in columns.items()
+            if isinstance(column := self.columns[spec.name], ChunkedColumn)
+        }
         self.close()
-        return finish_group(self.staging, self.output, small, metadata, sums)
+        return finish_group(self.staging, self.output, small, metadata, sums, columns, staged)
