@@ -16,7 +16,7 @@ from elmo_cache.store.columns import Column
 from elmo_cache.store.format import block_sums_name
 from elmo_cache.text.tokenize import sentence_hash
 from elmo_cache.verify.checks import verify
-from tests.store_contract import DIM, _metadata, _sentences, _tokens
+from tests.contracts.store import DIM, _metadata, _sentences, _tokens
 
 # Declared here, in the test only: the writers know nothing of it.
 WIDTHS = Column("extra/widths", "float32", (3,), array="extra/widths", optional=True, block_rows=4)
