@@ -268,7 +268,7 @@ class StoreContract:
 
     def test_a_parallel_writer_writes_the_single_writers_cache_or_is_declared_absent(self, output, tmp_path):
         """Parts written out of order, cut inside row-files, then stitched and finished: the same bytes."""
-        writer = store.container(self.fmt).parallel_writer()
+        writer = store.get_container(self.fmt).parallel_writer()
         assert (writer is not None) == self.parallel
         if writer is None:
             return
@@ -319,7 +319,7 @@ class StoreContract:
         assert verify(other).ok
 
     def test_a_parallel_writer_refuses_parts_that_miss_rows(self, output, tmp_path):
-        writer = store.container(self.fmt).parallel_writer()
+        writer = store.get_container(self.fmt).parallel_writer()
         if writer is None:
             return
         layout = self.layout()
