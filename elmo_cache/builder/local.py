@@ -319,35 +319,14 @@ class LocalRun:
 
 
 def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, writer: Writer, run_start: float) -> None:
-    """Encode from the last committed line to the end of the corpus, committing as it goes."""
+    """Encode from the last committed line to the end of the corpus, committing as it goes: a reader
+    thread cuts windows, this thread encodes them, a writer thread commits their rows."""
     progress = writer.progress
     batch_tokens = default_batch_tokens(options, getattr(getattr(encoder, "device", None), "type", "cpu"))
     committed = writer.hashes.read(progress.lines) if progress.lines else None
-    seen = None
-    if options.dedupe:
-        seen = SeenSentences.rebuild(
-            np.asarray(committed) if committed is not None else np.empty(0, np.uint64),
-            np.asarray(writer.offsets.read(progress.lines)),
-            np.asarray(writer.lengths.read(progress.lines)),
-            writer.committed_key,
-            writer.build_dir / "seen",
-        )
+    seen = _seen_sentences(writer, committed) if options.dedupe else None
     encode = WindowEncoder(encoder, plan, batch_tokens)
-
-    bar = None
-    if options.progress:
-        from tqdm import tqdm
-
-        total = source.count_sentences() if source.is_regular_file else None
-        bar = tqdm(
-            total=total,
-            initial=progress.lines,
-            unit=" sent",
-            desc="encoding",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            smoothing=0.05,
-        )
+    bar = _progress_bar(source, progress.lines) if options.progress else None
     windows: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     reader = threading.Thread(
@@ -359,38 +338,10 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, wr
     writer_thread = _WriterThread(writer, options.commit_seconds, bar, run_start)
     reader.start()
     writer_thread.start()
-    rows = progress.rows
     failure: BaseException | None = None
     done = False
     try:
-        with torch.inference_mode():
-            while True:
-                item = windows.get()
-                if item is None:
-                    done = True
-                    break
-                if isinstance(item, BaseException):
-                    failure = item
-                    break
-                try:
-                    encoded = _encode_window(encode, seen, item, rows, bar)
-                except torch.cuda.OutOfMemoryError:
-                    raise ElmoCacheError(
-                        f"the device ran out of memory encoding lines {item.first_line + 1}-"
-                        f"{item.first_line + len(item.tokens)}; "
-                        f"rerun with a smaller --batch-tokens (now {batch_tokens}) to resume"
-                    ) from None
-                rows += len(encoded.vectors)
-                while True:  # hand over, unless the writer died
-                    if writer_thread.error is not None:
-                        break
-                    try:
-                        writer_thread.queue.put(encoded, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if writer_thread.error is not None:
-                    break
+        done, failure = _encode_windows(windows, encode, seen, progress.rows, bar, writer_thread, batch_tokens)
     finally:
         stop.set()
         # Whatever happened, let the writer commit what it already has: nothing is lost.
@@ -402,14 +353,89 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, wr
         reader.join(timeout=5)
         if seen is not None:
             seen.close()
-    if writer_thread.error is not None:
-        exc = writer_thread.error
-        if isinstance(exc, ElmoCacheError):
-            raise exc
+    _raise_what_stopped_it(writer_thread.error, failure, writer, source)
+
+
+def _seen_sentences(writer: Writer, committed: Any) -> SeenSentences:
+    """The distinct sentences of the lines already committed, for a resumed dedupe build."""
+    lines = writer.progress.lines
+    return SeenSentences.rebuild(
+        np.asarray(committed) if committed is not None else np.empty(0, np.uint64),
+        np.asarray(writer.offsets.read(lines)),
+        np.asarray(writer.lengths.read(lines)),
+        writer.committed_key,
+        writer.build_dir / "seen",
+    )
+
+
+def _progress_bar(source: Corpus, lines_done: int) -> Any:
+    from tqdm import tqdm
+
+    total = source.count_sentences() if source.is_regular_file else None
+    return tqdm(
+        total=total,
+        initial=lines_done,
+        unit=" sent",
+        desc="encoding",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        smoothing=0.05,
+    )
+
+
+def _encode_windows(
+    windows: queue.Queue,
+    encode: WindowEncoder,
+    seen: SeenSentences | None,
+    rows: int,
+    bar: Any,
+    writer_thread: _WriterThread,
+    batch_tokens: int,
+) -> tuple[bool, BaseException | None]:
+    """Encode the reader's windows and hand them to the writer until the corpus ends (``(True, None)``),
+    the reader fails (``(False, its error)``) or the writer dies (``(False, None)``, its error on it)."""
+    with torch.inference_mode():
+        while True:
+            item = windows.get()
+            if item is None:
+                return True, None
+            if isinstance(item, BaseException):
+                return False, item
+            try:
+                encoded = _encode_window(encode, seen, item, rows, bar)
+            except torch.cuda.OutOfMemoryError:
+                raise ElmoCacheError(
+                    f"the device ran out of memory encoding lines {item.first_line + 1}-"
+                    f"{item.first_line + len(item.tokens)}; "
+                    f"rerun with a smaller --batch-tokens (now {batch_tokens}) to resume"
+                ) from None
+            rows += len(encoded.vectors)
+            if not _hand_over(writer_thread, encoded):
+                return False, None
+
+
+def _hand_over(writer_thread: _WriterThread, encoded: Any) -> bool:
+    """Queue ``encoded`` for the writer; False when the writer died instead."""
+    while writer_thread.error is None:
+        try:
+            writer_thread.queue.put(encoded, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _raise_what_stopped_it(
+    writer_error: BaseException | None, failure: BaseException | None, writer: Writer, source: Corpus
+) -> None:
+    """The writer's error, else the reader's, as the error a user reads (None: the run finished)."""
+    if writer_error is not None:
+        if isinstance(writer_error, ElmoCacheError):
+            raise writer_error
         raise ElmoCacheError(
-            f"writing {writer.staging} failed ({exc}); everything committed before is kept: "
+            f"writing {writer.staging} failed ({writer_error}); everything committed before is kept: "
             "fix the cause (disk space?) and rerun the same command to resume"
-        ) from exc
+        ) from writer_error
     if failure is not None:
         if isinstance(failure, (ElmoCacheError, KeyboardInterrupt)):
             raise failure
