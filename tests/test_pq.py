@@ -16,8 +16,8 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.errors import CacheCorruptError, CacheExistsError, InvalidParameterError
+from elmo_cache.rows.codecs import codec_for_option
 from elmo_cache.rows.pq import PQSentence, ProductQuantization, Training
-from elmo_cache.rows.quantize import parse_quantize
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import CODEBOOKS
 from elmo_cache.verify.checks import verify
@@ -75,12 +75,12 @@ def test_codes_are_the_nearest_centroids_per_slot_and_layout_is_kept():
 
 
 def test_bad_pq_values_and_widths_are_named():
-    assert parse_quantize("pq:8") == "pq:8"
+    assert codec_for_option("pq:8").name == "pq:8"
     for bad in ("pq:0", "pq:x", "pq:", "pq:-4", "pq8"):
         with pytest.raises(
             InvalidParameterError, match=r"choose from \['none', 'int8', 'pq:M', 'opq:M'\] \(pq:M, M sub-quant"
         ):
-            parse_quantize(bad)
+            codec_for_option(bad)
     with pytest.raises(
         InvalidParameterError, match=r"pq:5 does not divide the model's width 32.*M in \[1, 2, 4, 8, 16, 32\]"
     ):
@@ -264,7 +264,7 @@ def test_the_codebooks_are_a_function_of_the_sample_alone_whatever_the_thread_co
     plan = make_plan(source, BuildOptions(output=corpus.with_suffix(".zarr"), quantize="pq:8"))
     sample = training_sample(corpus_windows(source, 512), tiny_encoder, plan, 256, 10**6)
     assert sample.shape == (3400, 3, DIM) or sample.shape[1:] == (3, DIM)
-    q = plan.quantization(DIM)
+    q = plan.bound_codec(DIM)
     threads = faiss.omp_get_max_threads()
     try:
         faiss.omp_set_num_threads(2)

@@ -13,7 +13,8 @@ import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
-from elmo_cache.rows.quantize import Quantization, QuantizedSentence, parse_quantize
+from elmo_cache.rows.codecs import codec_for_option
+from elmo_cache.rows.quantize import Quantization, QuantizedSentence
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify.checks import verify
@@ -62,11 +63,12 @@ def test_a_non_finite_vector_reads_back_non_finite():
 
 
 def test_bad_choices_are_named():
-    assert parse_quantize(None) is None and parse_quantize("none") is None and parse_quantize("int8") == "int8"
+    assert codec_for_option(None).to_metadata() is None and codec_for_option("none").to_metadata() is None
+    assert codec_for_option("int8") == Quantization("int8")
     with pytest.raises(
         InvalidParameterError, match=r"quantize: 'foo' is not valid; choose from \['none', 'int8', 'pq:M', 'opq:M'\]"
     ):
-        parse_quantize("foo")
+        codec_for_option("foo")
 
 
 # -- builds ----------------------------------------------------------------------------------------

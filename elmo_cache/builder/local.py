@@ -254,7 +254,7 @@ class LocalRun:
         # This run's wall time counts from here: after the model loaded.
         self.began = time.monotonic()
         plan, options = job.plan, job.options
-        layout = plan.layout(job.model.output_dim)
+        layout = plan.layout()
         self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
         cls = writer_class(plan.format)
         if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)
@@ -298,7 +298,7 @@ class LocalRun:
             tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
         )
         meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
-        self.writer.extra_arrays = final_arrays(self.writer.staging, plan, self.job.model.output_dim)
+        self.writer.extra_arrays = final_arrays(self.writer.staging, plan)
         try:
             path = self.writer.finalize(meta)
         except OSError as exc:
