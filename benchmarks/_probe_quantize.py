@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from elmo_cache import Encoder
-from elmo_cache.rows.pq import ProductQuantization, Training
-from elmo_cache.rows.pq_training import train_codebooks
-from elmo_cache.rows.quantize import make_quantization
+from elmo_cache.rows.codecs import codec_for_option
 
 
 def quantizations(encoder: Encoder, args: argparse.Namespace) -> dict[str, Any]:
@@ -23,12 +20,12 @@ def quantizations(encoder: Encoder, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sample = None
     for name in args.quantize:
-        quantization = make_quantization(name, encoder.output_dim, encoder.n_layers)
-        if isinstance(quantization, ProductQuantization):
+        quantization = codec_for_option(name).bind(encoder.output_dim, encoder.n_layers)
+        if quantization.training_vectors is not None:
             if sample is None:
                 sample = _training_rows(encoder, args.train_text, args.train_vectors)
             start = time.perf_counter()
-            quantization = train_codebooks(sample, replace(quantization, training=Training(vectors=len(sample))))
+            quantization = quantization.with_training_vectors(len(sample)).train(sample)
             print(f"trained  {name} codebooks on {len(sample)} rows of {args.train_text} in "
                   f"{time.perf_counter() - start:.0f} s")  # fmt: skip
         out[name] = quantization

@@ -128,15 +128,15 @@ def fewer_rotation_iterations(rotation_iterations: int) -> None:
 
     from elmo_cache.builder import plan
 
-    make = plan.make_quantization
+    make = plan.codec_for_option
 
-    def smaller(name: str, dim: int, slots: int, sample: int | None = None):
-        q = make(name, dim, slots, sample)
-        if not name.startswith(PRODUCT):
+    def smaller(value: str | None, *, fp16: bool = False):
+        q = make(value, fp16=fp16)
+        if not (value or "").startswith(PRODUCT):
             return q
         return dataclasses.replace(q, training=dataclasses.replace(q.training, rotation_iterations=rotation_iterations))
 
-    plan.make_quantization = smaller
+    plan.codec_for_option = smaller
 
 
 def sizes(caches: dict[str, tuple[Path, float]]) -> None:

@@ -56,8 +56,8 @@ from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
 from elmo_cache.model.files import ModelFiles
 from elmo_cache.model.random_model import write_random_model
+from elmo_cache.rows.codecs import codec_for_option
 from elmo_cache.rows.pq import Training
-from elmo_cache.rows.quantize import parse_quantize
 
 LAYERS = (0, 1, 2)
 L2 = 1e-2  # logistic-regression penalty, fixed in advance (never tuned on a test split)
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
     try:
-        args.quantize = [parse_quantize(name) for name in args.quantize]
+        args.quantize = [codec_for_option(name).name for name in args.quantize]
     except InvalidParameterError as error:
         parser.error(str(error))
     if any(name != "int8" for name in args.quantize) and args.train_text is None:

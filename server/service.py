@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError, LimitExceededError, NotInCacheError
-from elmo_cache.rows.quantize import live_as_cached
 from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
@@ -265,9 +264,9 @@ class EmbedService:
                 self.finish_live(acts, selection)  # names the mix or gamma that overflows, when it is theirs
                 raise ArithmeticError(f"a live pooled answer is not finite in {self.dtype.name}")
             return pooled
-        quantization = getattr(self.cache, "quantization", None)
-        if quantization is not None and self.stored is not None:  # rounded as the cache rounds its hits
-            out = live_as_cached(acts, selection, self.stored, quantization, self.dtype)
+        codec = getattr(self.cache, "codec", None)
+        if codec is not None and self.stored is not None:  # rounded as the cache rounds its hits
+            out = codec.live_as_cached(acts, selection, self.stored, self.dtype)
         else:
             out = selection.apply_array(acts, self.dtype)
         if not np.isfinite(out).all():

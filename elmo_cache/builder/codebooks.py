@@ -28,9 +28,8 @@ import numpy as np
 
 from elmo_cache.builder.staged_codebooks import stage_codebooks, staged_codebooks
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.rows.pq import ProductQuantization
-from elmo_cache.rows.pq_training import train_codebooks
-from elmo_cache.store.format import BUILD_DIR, CODEBOOKS
+from elmo_cache.rows.codecs import FLOAT32, RowCodec
+from elmo_cache.store.format import BUILD_DIR
 
 if TYPE_CHECKING:
     from elmo_cache.builder.encoding import Window
@@ -79,7 +78,7 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
     from elmo_cache.builder.encoding import WindowEncoder
 
     # The float32 rows as the build selects or mixes them: no cast, no quantisation, no pooling.
-    plain = dataclasses.replace(plan, quantize=None, dtype="float32", pool=None, pool_only=False)
+    plain = dataclasses.replace(plan, codec=FLOAT32, dim=None, dtype="float32", pool=None, pool_only=False)
     floats = WindowEncoder(encoder, plain, batch_tokens)
     rows: list[np.ndarray] = []
     have = 0
@@ -96,12 +95,10 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
     return sample.reshape(len(sample), -1, encoder.output_dim)
 
 
-def ensure_codebooks(
-    staging: Path, quantization: Any, train: Callable[[ProductQuantization], ProductQuantization]
-) -> ProductQuantization | None:
-    """The build's trained codebooks: those staged in ``staging`` (resume), else ``train(quantization)``'s,
-    staged now. None for a build that is not product-quantised (``quantization`` None or int8)."""
-    if not isinstance(quantization, ProductQuantization):
+def ensure_codebooks(staging: Path, quantization: RowCodec, train: Callable[[RowCodec], RowCodec]) -> RowCodec | None:
+    """The build's trained codec (pq: its codebooks): the one staged in ``staging`` (resume), else
+    ``train(quantization)``'s, staged now. None for a codec that is not trained (floats, int8)."""
+    if quantization.training_vectors is None:
         return None
     staged = staged_codebooks(staging, quantization)
     if staged is not None:
@@ -114,27 +111,27 @@ def ensure_codebooks(
 
 def train_in_process(
     staging: Path, plan: Plan, encoder: Encoder, windows: Iterable[Window], batch_tokens: int
-) -> ProductQuantization | None:
+) -> RowCodec | None:
     """:func:`ensure_codebooks` with the training done here, on ``encoder`` (the local engine; a Ray task)."""
-    quantization = plan.quantization(encoder.output_dim)
+    quantization = plan.bound_codec(encoder.output_dim)
 
-    def train(q: ProductQuantization) -> ProductQuantization:
-        return train_codebooks(training_sample(windows, encoder, plan, batch_tokens, q.training.vectors), q)
+    def train(q: RowCodec) -> RowCodec:
+        return q.train(training_sample(windows, encoder, plan, batch_tokens, q.training_vectors or 0))
 
     return ensure_codebooks(staging, quantization, train)
 
 
-def final_arrays(staging: Path, plan: Plan, dim: int) -> dict[str, np.ndarray]:
-    """The arrays a finished cache of ``plan`` holds beyond the usual ones: a pq cache's codebooks (from the
-    staging, checked), flattened into :data:`~elmo_cache.store.format.CODEBOOKS` (an opq cache's rotations
-    after them); else none."""
-    quantization = plan.quantization(dim)
-    if not isinstance(quantization, ProductQuantization):
-        return {}
+def final_arrays(staging: Path, plan: Plan, dim: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays a finished cache of ``plan`` holds beyond the usual ones, as its codec says (pq: the
+    codebooks from the staging, checked, flattened into :data:`~elmo_cache.store.format.CODEBOOKS`, an opq
+    cache's rotations after them); else none."""
+    quantization = plan.bound_codec(dim)
+    if quantization.training_vectors is None:
+        return quantization.final_arrays()
     staged = staged_codebooks(staging, quantization)
-    if staged is None or staged.codebooks is None:
+    if staged is None:
         raise CacheFormatError(f"{staging}: the build's codebooks are missing; rerun with --overwrite")
-    return {CODEBOOKS: staged.parameters()}
+    return staged.final_arrays()
 
 
 def _train_for_part_job(job: Any) -> None:
@@ -156,8 +153,8 @@ def train_on_ray(ray: Any, job: Any, dim: int, *, gpu: bool, cpus: float) -> Non
     """The ray engine's codebooks: unless already staged (a resumed build), trained by one Ray task with a
     worker's resources and encoder (``job``: the parts' :class:`~elmo_cache.builder.ray.parts.PartJob`), so
     that the driver loads no model and the sample is encoded on the workers' device type."""
-    quantization = job.plan.quantization(dim)
-    if not isinstance(quantization, ProductQuantization) or staged_codebooks(job.staging, quantization) is not None:
+    quantization = job.plan.bound_codec(dim)
+    if quantization.training_vectors is None or staged_codebooks(job.staging, quantization) is not None:
         return
     task = ray.remote(num_cpus=cpus, num_gpus=1 if gpu else 0, max_retries=0)(_train_for_part_job)
     ray.get(task.remote(job))

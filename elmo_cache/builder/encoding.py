@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from elmo_cache.builder.alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
 from elmo_cache.rows.pooling import pool_batch
-from elmo_cache.store.format import PRODUCT_SCHEMES
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
@@ -105,25 +103,25 @@ class WindowEncoder:
         self.encoder = encoder
         self.selection = plan.selection
         self.batch_tokens = batch_tokens
-        self.torch_dtype = torch.float16 if plan.dtype == "float16" else torch.float32
         self.np_dtype = np.dtype(plan.dtype)
         self.row_shape = plan.row_shape(encoder.output_dim)
-        self.quantization = plan.quantization(encoder.output_dim)
+        self.codec = plan.bound_codec(encoder.output_dim)
         # The pooled vectors (--pool), from the float32 rows before the cast; None without.
         self.pooling = plan.pooling()
         self.pooled_shape = (
             None if self.pooling is None else self.pooling.shape(plan.selection.row_shape(encoder.output_dim))
         )
-        if getattr(self.quantization, "scheme", None) in PRODUCT_SCHEMES:  # codebooks trained before any row is written
+        if self.codec.training_vectors is not None:  # trained before any row is written
             from elmo_cache.builder.staged_codebooks import staged_codebooks
             from elmo_cache.errors import CacheFormatError
             from elmo_cache.store.format import staging_path
 
-            self.quantization = staged_codebooks(staging_path(plan.output), self.quantization)
-            if self.quantization is None:
+            trained = staged_codebooks(staging_path(plan.output), self.codec)
+            if trained is None:
                 raise CacheFormatError(
                     f"{staging_path(plan.output)}: no staged codebooks (trained as the build starts)"
                 )
+            self.codec = trained
 
     def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Rows of the batch's sentences, concatenated in batch order, where each starts, and with --pool
@@ -138,11 +136,8 @@ class WindowEncoder:
             # On the host in numpy: its sum is sequential in token order, so a pool is the same on every
             # device and equals numpy's (on CUDA the float32 rows cross once more for it).
             pooled = pool_batch(out.cpu().numpy(), starts, np.diff(offsets), self.pooling.method)
-        if self.quantization is not None:  # from the float32 rows, on the device: codes and scales cross
-            return self.quantization.quantize(out), starts, pooled
-        # Cast on the device, so only the stored bytes cross to the host.
-        rows = out.to(self.torch_dtype, memory_format=torch.contiguous_format).cpu().numpy()
-        return rows, starts, pooled
+        # From the float32 rows, on the device: only the stored bytes (a cast, or codes and scales) cross.
+        return self.codec.encode(out), starts, pooled
 
     def encode(
         self,

@@ -256,7 +256,7 @@ class LocalRun:
         # This run's wall time counts from here: after the model loaded.
         self.began = time.monotonic()
         plan, options = job.plan, job.options
-        layout = plan.layout(job.model.output_dim)
+        layout = plan.layout()
         self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
         cls = writer_class(plan.format)
         if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)
@@ -301,7 +301,7 @@ class LocalRun:
         )
         meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
         if self.writer.layout.token_rows:  # a pool-only cache holds no codebooks: it has no codes
-            self.writer.extra_arrays = final_arrays(self.writer.staging, plan, self.job.model.output_dim)
+            self.writer.extra_arrays = final_arrays(self.writer.staging, plan)
         try:
             path = self.writer.finalize(meta)
         except OSError as exc:

@@ -21,16 +21,14 @@ from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
+from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
-from elmo_cache.rows.quantize import make_quantization, parse_quantize
 from elmo_cache.rows.selection import MixSpec, Selection
 from elmo_cache.store import Layout, Progress, infer_format
 from elmo_cache.store.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     POOL_ONLY_FORMAT_VERSION,
-    PRODUCT_SCHEMES,
-    QUANTIZED_DTYPES,
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
     TOKENIZATION,
@@ -96,7 +94,7 @@ class Plan:
     format: str
     # The layers or the mix stored.
     selection: Selection
-    # Storage dtype name: "float16", "float32", or "int8" when quantised.
+    # Storage dtype name: the codec's ("float16", "float32", "int8", "uint8" for pq).
     dtype: str
     # zarr rows per chunk (None for HDF5, and for zarr until the model's width is known).
     chunk_rows: int | None
@@ -104,24 +102,25 @@ class Plan:
     compression: str | None
     # zarr rows per vectors file (None for HDF5, and for zarr until the model's width is known).
     shard_rows: int | None = None
-    # Quantisation of the stored vectors ("int8", "pq:M", "opq:M"; elmo_cache.rows.quantize), None for floats;
-    # dtype is then the scheme's (QUANTIZED_DTYPES).
-    quantize: str | None = None
+    # How rows are stored (elmo_cache.rows.codecs): parsed from --quantize and --fp16 once, here; bound to the
+    # model's width by with_model.
+    codec: RowCodec = FLOAT32
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
     input_format: str = "lines"
     # Pooled sentence vectors stored beside the token vectors (elmo_cache.rows.pooling.POOLS), None for none.
     pool: str | None = None
     # --pool-only: the pooled vectors instead of the token vectors (elmo_cache.builder.poolonly).
     pool_only: bool = False
-    # pq/opq: token rows the codebooks are trained on (None: elmo_cache.rows.pq.Training's default).
-    codebook_sample: int | None = None
+    # The model's output width: None until with_model.
+    dim: int | None = None
 
     def pooling(self) -> Pool | None:
         """What the ``pooled`` array holds (None: built without --pool)."""
         return None if self.pool is None else Pool.for_cache(self.pool, self.dtype, only=self.pool_only)
 
-    def layout(self, dim: int) -> Layout:
-        """How the store lays out the rows (and pooled vectors) of a model of width ``dim``."""
+    def layout(self, dim: int | None = None) -> Layout:
+        """How the store lays out the rows (and pooled vectors) of a model of width ``dim`` (None: the plan's)."""
+        dim = self._dim(dim)
         pooling = self.pooling()
         return Layout(
             self.format,
@@ -135,21 +134,34 @@ class Plan:
             token_rows=not self.pool_only,
         )
 
-    def quantization(self, dim: int) -> Any:
-        """How the rows of a model of width ``dim`` are quantised (None: stored as floats; pq: untrained)."""
-        if self.quantize is None:
-            return None
-        row = self.selection.row_shape(dim)
-        return make_quantization(self.quantize, dim, row[0] if len(row) == 2 else 1, self.codebook_sample)
+    def _dim(self, dim: int | None) -> int:
+        if dim is not None:
+            return int(dim)
+        if self.dim is None:
+            raise InvalidParameterError("plan: the model's width is not known yet (Plan.with_model)")
+        return self.dim
 
-    def row_shape(self, dim: int) -> tuple[int, ...]:
-        """One stored row: the selection's, its last axis widened by the scale when quantised."""
-        quantization = self.quantization(dim)
+    def bound_codec(self, dim: int | None = None) -> RowCodec:
+        """The codec of rows of a model of width ``dim`` (None: the plan's; pq: untrained)."""
+        dim = self._dim(dim)
+        if self.dim == dim:
+            return self.codec  # bound by with_model
         row = self.selection.row_shape(dim)
-        return row if quantization is None else quantization.stored_shape(row)
+        return self.codec.bind(dim, row[0] if len(row) == 2 else 1)
+
+    def row_shape(self, dim: int | None = None) -> tuple[int, ...]:
+        """One stored row: the selection's, in the codec's stored form (int8: its last axis widened by the scale)."""
+        dim = self._dim(dim)
+        return self.bound_codec(dim).stored_shape(self.selection.row_shape(dim))
 
     def with_model(self, dim: int) -> Plan:
-        """This plan once the model's output width ``dim`` is known (fills the default chunk_rows and shard_rows)."""
+        """This plan once the model's output width ``dim`` is known: it keeps ``dim``, its codec is bound to it,
+        and the default chunk_rows and shard_rows are filled in."""
+        row = self.selection.row_shape(dim)
+        plan = dataclasses.replace(self, dim=int(dim), codec=self.codec.bind(dim, row[0] if len(row) == 2 else 1))
+        return plan._with_chunks(dim)
+
+    def _with_chunks(self, dim: int) -> Plan:
         if not get_container(self.format).chunked:
             return self
         row_bytes = int(np.prod(self.row_shape(dim))) * np.dtype(self.dtype).itemsize
@@ -215,23 +227,16 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             f"input_format: the options say {options.input_format!r} but the corpus given was opened as "
             f"{source.input_format!r}; open it with Corpus(..., input_format={options.input_format!r})"
         )
-    quantize = parse_quantize(options.quantize)
-    if quantize is not None and options.fp16:
-        raise InvalidParameterError(
-            f"fp16, quantize: --quantize {quantize} stores codes (and, for int8, float32 scales), so --fp16 (float16 "
-            "storage) does not apply; drop one of them"
-        )
-    scheme = None if quantize is None else quantize.split(":")[0]
-    if options.codebook_sample is not None and (scheme not in PRODUCT_SCHEMES or options.codebook_sample < 1):
-        raise InvalidParameterError(
-            f"codebook_sample: {options.codebook_sample!r} is not a positive number of token rows for the codebooks "
-            f"of --quantize pq:M or opq:M (quantize here: {quantize!r})"
-        )
-    if scheme in PRODUCT_SCHEMES:
-        from elmo_cache.rows.pq_training import require_faiss
-
-        require_faiss()
-    dtype = QUANTIZED_DTYPES[scheme] if scheme is not None else "float16" if options.fp16 else "float32"
+    codec = codec_for_option(options.quantize, fp16=bool(options.fp16))
+    if options.codebook_sample is not None:
+        if codec.training_vectors is None or options.codebook_sample < 1:
+            quantize = None if options.quantize in (None, "none") else options.quantize
+            raise InvalidParameterError(
+                f"codebook_sample: {options.codebook_sample!r} is not a positive number of token rows for the "
+                f"codebooks of --quantize pq:M or opq:M (quantize here: {quantize!r})"
+            )
+        codec = codec.with_training_vectors(options.codebook_sample)
+    codec.require()
     pool = parse_pool(options.pool)
     if options.pool_only and pool is None:
         raise InvalidParameterError(
@@ -242,15 +247,14 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         output,
         fmt,
         selection,
-        dtype,
+        codec.dtype,
         chunk_rows,
         compression,
         shard_rows,
-        quantize,
+        codec,
         options.input_format,
         pool,
         bool(options.pool_only),
-        codebook_sample=options.codebook_sample,
     )
 
 
@@ -266,11 +270,13 @@ def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOption
     return make_plan(open_corpus(corpus, options), options).output
 
 
-def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) -> dict[str, Any]:
+def identity(plan: Plan, model: Mapping[str, Any], dim: int | None = None, *, dedupe: bool) -> dict[str, Any]:
     """What the cache will hold, as compared with an existing cache or an interrupted build at the output.
 
     ``model`` is the model's identity (:attr:`Encoder.identity <elmo_cache.Encoder.identity>`) and
-    ``dim`` the width of its vectors."""
+    ``dim`` the width of its vectors (None: the plan's, once :meth:`Plan.with_model` has it)."""
+    dim = plan._dim(dim)
+    quantization = plan.bound_codec(dim).to_metadata()
     return {
         "container": plan.format,
         **plan.selection.to_metadata(),
@@ -284,7 +290,7 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int, *, dedupe: bool) ->
         "tokenization": TOKENIZATIONS[plan.input_format],
         "sentence_hash": SENTENCE_HASH,
         # Only quantised caches carry the key: float caches' metadata stays as it always was.
-        **({} if plan.quantize is None else {"quantization": plan.quantization(dim).to_metadata()}),
+        **({} if quantization is None else {"quantization": quantization}),
         # Likewise only caches with pooled vectors carry "pool".
         **({} if (pooling := plan.pooling()) is None else {"pool": pooling.to_metadata()}),
     }

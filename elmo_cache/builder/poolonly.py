@@ -71,7 +71,7 @@ def build_pool_only_by_stripping(
     with output_lock(plan.output):
         model, _ = model_description(options, encoder)
         plan = plan.with_model(model.output_dim)
-        ident = identity(plan, model.identity, model.output_dim, dedupe=bool(options.dedupe))
+        ident = identity(plan, model.identity, dedupe=bool(options.dedupe))
         # No engine resumes the output's own staging: the strip always starts again (engines=[]).
         found = prepare_output(plan, ident, options.overwrite, [])
         if found.kind is OutputKind.COMPLETE:
@@ -82,7 +82,7 @@ def build_pool_only_by_stripping(
             return BuildSummary.already_there(plan.output, plan.format, meta, engine.name)
         full_options = dataclasses.replace(options, output=full, format=plan.format, pool_only=False)
         summary = build_cache(source, full_options, engine, encoder)
-        _strip(full, plan.output, plan.layout(model.output_dim), ident, options)
+        _strip(full, plan.output, plan.layout(), ident, options)
         remove_output(full)
         return dataclasses.replace(
             summary,

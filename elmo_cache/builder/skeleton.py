@@ -42,7 +42,7 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
     with output_lock(plan.output):  # held for the whole build, by the driver for the ray workers too
         model, files = model_description(options, encoder)
         plan = plan.with_model(model.output_dim)
-        ident = identity(plan, model.identity, model.output_dim, dedupe=bool(options.dedupe))
+        ident = identity(plan, model.identity, dedupe=bool(options.dedupe))
         job = BuildJob(source, options, plan, model, files, ident, began)
         with engine.session(job):
             found = prepare_output(plan, ident, options.overwrite, [engine, *other_engines(engine)])

@@ -25,8 +25,8 @@ from elmo_cache import store
 from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
 from elmo_cache.reader.checks import check_arrays
 from elmo_cache.reader.pooled import PooledVectors, choose_pool, pool_of_sentence, pool_only_refusal
+from elmo_cache.rows.codecs import RowCodec, codec_for_reading, quantization_problem
 from elmo_cache.rows.pooling import Pool, pool_of
-from elmo_cache.rows.quantize import quantization_for_reading
 from elmo_cache.store.blocksums import BlockGuard, guards
 from elmo_cache.store.format import (
     ARRAYS,
@@ -77,7 +77,7 @@ class Cache:
         sums = {name: arrays.pop(BLOCK_SUMS[name]) for name in names}
         # An optional array and its block sums by name (a pq cache's codebooks are read and checked at open).
         optional = {name: (arrays.get(name), sums.get(name)) for name in OPTIONAL_ARRAYS}
-        meta = parse_metadata(self.path, raw)
+        meta = parse_metadata(self.path, raw, quantization_problem)
         self._metadata = meta
         self.complete: bool = meta["complete"]
         # zarr: an absent file is an error in a finished cache. Caches written before block sums may
@@ -96,10 +96,13 @@ class Cache:
         self.kind: str = meta["kind"]
         self.layers: tuple[int, ...] | None = tuple(meta["layers"]) if self.kind == "layers" else None
         self.dim: int = meta["dim"]
-        # How the vectors are quantised (None: floats); dtype is what cache[i] returns, stored_dtype the array's.
-        self.quantization: Any = quantization_for_reading(self.path, meta, optional)
+        # How the rows are stored (with what decoding needs, e.g. a pq cache's codebooks); dtype is what
+        # cache[i] returns, stored_dtype the array's.
+        self.codec: RowCodec = codec_for_reading(self.path, meta, optional)
+        # The codec of a quantised cache, None for floats (the attribute older code tests).
+        self.quantization: Any = self.codec if self.codec.quantized else None
         self.stored_dtype: np.dtype = np.dtype(meta["dtype"])
-        self.dtype: np.dtype = np.dtype(np.float32) if self.quantization is not None else self.stored_dtype
+        self.dtype: np.dtype = self.codec.read_dtype
         self.format_version: int = meta["format_version"]
         # The pool of the stored sentence vectors (build --pool); None for a cache without them.
         self.pool: Pool | None = pool_of(meta, self.path)
@@ -125,8 +128,8 @@ class Cache:
         vectors = self._vectors
         self._read_rows = vectors.rows if hasattr(vectors, "rows") else (lambda start, stop: vectors[start:stop])
         self._read_stored = self._read_rows
-        if self.quantization is not None:  # decoded as read: cache[i] is float32, quantized(i) gives the codes
-            self._read_rows = self.quantization.decoder(self._read_stored)
+        # Decoded as read (a quantised cache's cache[i] is float32; quantized(i) gives the codes).
+        self._read_rows = self.codec.decoder(self._read_stored)
         self._n = int(self._offsets.shape[0])
         self._n_rows = int(self._vectors.shape[0])
         # A --pool-only cache has no token rows: -1 makes every read fail the bounds test below, whose error
@@ -255,9 +258,9 @@ class Cache:
         """Sentence ``i`` of a quantised cache undecoded: int8 ``codes`` and float32 ``scales``, views of the
         mapped rows (``codes * scales[..., None]`` is ``cache[i]``); for a pq cache a
         :class:`~elmo_cache.rows.pq.PQSentence` of uint8 codes. An error for a cache of floats."""
-        if self._require().quantization is None:
+        if not self._require().codec.quantized:
             raise InvalidParameterError(f"{self.path}: this cache stores {self.stored_dtype} vectors, not quantised")
-        return self.quantization.raw(self._sentence(self._position(i), stored=True))
+        return self.codec.raw(self._sentence(self._position(i), stored=True))
 
     def _position(self, key: Any) -> int:
         i = int(key)

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.rows.codecs import stored_row_shape
 from elmo_cache.rows.pooling import pooled_shape
-from elmo_cache.rows.quantize import stored_row_shape
 from elmo_cache.store.format import ARRAYS, INDEX_DTYPES, OPTIONAL_ARRAYS, POOLED_ARRAY, TOKEN_ARRAYS, arrays_of
 
 __all__ = ["check_arrays"]

@@ -19,8 +19,7 @@ from torch.utils.data import Dataset, default_collate
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.reader.cache import Cache
 from elmo_cache.reader.cache import open as open_cache
-from elmo_cache.rows.pq import PQSentence, pad_pq
-from elmo_cache.rows.quantize import QuantizedSentence, pad_quantized
+from elmo_cache.rows.codecs import UndecodedSentence, pad_floats
 
 __all__ = ["CacheDataset", "collate", "Batch"]
 
@@ -73,7 +72,7 @@ class CacheDataset(Dataset):
     def __getitem__(self, i: int) -> Any:
         cache = self.cache
         # Quantised: the codes and scales travel (a quarter of the floats' bytes); collate decodes the batch.
-        vectors = cache[i] if cache.quantization is None else cache.quantized(i)
+        vectors = cache.quantized(i) if cache.codec.quantized else cache[i]
         if not self.fields:
             return vectors
         return (vectors, *(field[i] for field in self.fields))
@@ -124,25 +123,10 @@ def collate(batch: Sequence[Any]) -> Batch:
     token_axis = 1 if layered else 0
     lengths = [a.shape[token_axis] for a in arrays]
     max_tokens = max(lengths)
-    if isinstance(first, QuantizedSentence):
-        return _batch(pad_quantized(arrays, max_tokens), lengths, batch, tupled)
-    if isinstance(first, PQSentence):  # one gather for the whole batch
-        return _batch(pad_pq(arrays, max_tokens), lengths, batch, tupled)
-    shape = (
-        (len(arrays), first.shape[0], max_tokens, first.shape[-1])
-        if layered
-        else (len(arrays), max_tokens, first.shape[-1])
+    # A quantised sentence decodes its batch at once, as its codec does (int8: one multiply; pq: one gather).
+    vectors = (
+        first.collate(arrays, max_tokens) if isinstance(first, UndecodedSentence) else pad_floats(arrays, max_tokens)
     )
-    vectors = torch.zeros(shape, dtype=torch.float32)
-    out = vectors.numpy()  # one cast-and-copy per sentence, straight from the mapped pages
-    per_token = first.shape[:token_axis] + first.shape[token_axis + 1 :]
-    for b, (array, n) in enumerate(zip(arrays, lengths)):
-        if array.shape[:token_axis] + array.shape[token_axis + 1 :] != per_token:
-            raise InvalidParameterError(f"collate: item {b} has shape {array.shape}, unlike item 0 {first.shape}")
-        if layered:
-            out[b, :, :n] = array
-        else:
-            out[b, :n] = array
     return _batch(vectors, lengths, batch, tupled)
 
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError, InvalidParameterError
-from elmo_cache.rows.quantize import UndecodedSentence
+from elmo_cache.rows.codecs import CodecEntry, UndecodedSentence, invalid_option, register_builtin
 from elmo_cache.store.format import CODEBOOKS as CODEBOOKS_ARRAY
-from elmo_cache.store.format import OPQ_ROTATION, PRODUCT_SCHEMES
+from elmo_cache.store.format import OPQ_ROTATION
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +47,7 @@ __all__ = [
     "ProductQuantization",
     "Training",
     "pad_pq",
-    "pq_live_as_cached",
+    "PRODUCT_SCHEMES",
     "parse_product",
     "pq_choices",
 ]
@@ -57,6 +57,9 @@ CENTROIDS = 256
 
 PQ_DTYPE = "uint8"
 """Storage dtype of ``vectors`` in a product-quantised cache."""
+
+PRODUCT_SCHEMES = ("pq", "opq")
+"""The product-quantised schemes: codes of sub-vectors, codebooks in the cache's codebooks array."""
 
 _PQ = re.compile(r"(o?pq):(\d+)")
 # Elements of the (slots * M, rows, 256) distance tensor computed at once while assigning codes (128 MiB):
@@ -106,13 +109,14 @@ class Training:
 
 @dataclass(frozen=True)
 class ProductQuantization:
-    """How a cache's vectors are product-quantised, and the code that writes and reads them (FORMAT.md)."""
+    """How a cache's vectors are product-quantised, and the code that writes and reads them (FORMAT.md): the
+    pq and opq :class:`~elmo_cache.rows.codecs.RowCodec`."""
 
-    # Values per vector (the model's output width).
+    # Values per vector (the model's output width); 0 until bound.
     dim: int
     # Sub-quantisers per vector: codes (bytes) per stored vector; divides dim.
     m: int
-    # Vectors per stored row, each with its own codebooks: the stored layers, or 1 for a mix.
+    # Vectors per stored row, each with its own codebooks: the stored layers, or 1 for a mix; 0 until bound.
     slots: int
     # How the codebooks are trained.
     training: Training = Training()
@@ -133,6 +137,48 @@ class ProductQuantization:
                 f"quantize: {self.scheme}:{self.m} does not divide the model's width {self.dim} into equal "
                 f"sub-vectors; use {pq_choices()}: here M in {divisors}"
             )
+
+    @property
+    def name(self) -> str:
+        return f"{self.scheme}:{self.m}"
+
+    @property
+    def dtype(self) -> str:
+        return PQ_DTYPE
+
+    @property
+    def quantized(self) -> bool:
+        return True
+
+    @property
+    def read_dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def training_vectors(self) -> int | None:
+        return self.training.vectors
+
+    @property
+    def exact_pool(self) -> bool:
+        return False
+
+    def rounding_step(self, scale: float) -> float | None:
+        # Nearest centroids: no bound a pool recomputed from them could be held to.
+        return None
+
+    def require(self) -> None:
+        """Codebooks are trained with faiss: checked when a build is planned, so that one that cannot train
+        leaves nothing behind."""
+        from elmo_cache.rows.pq_training import require_faiss
+
+        require_faiss()
+
+    def with_training_vectors(self, vectors: int) -> ProductQuantization:
+        return replace(self, training=replace(self.training, vectors=int(vectors)))
+
+    def bind(self, dim: int, slots: int) -> ProductQuantization:
+        """This quantisation of rows of ``slots`` vectors of ``dim`` values (an error when M does not divide dim)."""
+        return replace(self, dim=int(dim), slots=int(slots))
 
     @property
     def rotated(self) -> bool:
@@ -183,6 +229,25 @@ class ProductQuantization:
     def stored_shape(self, row_shape: Sequence[int]) -> tuple[int, ...]:
         """The stored row of a float row of ``row_shape`` (its last axis becomes the codes)."""
         return (*tuple(row_shape)[:-1], self.m)
+
+    @property
+    def parameter_shape(self) -> tuple[int, ...]:
+        """The shape recorded beside the staged codebooks: the centroids' (opq's rotations follow them)."""
+        return self.codebook_shape
+
+    def with_parameters(self, values: Any, where: str) -> ProductQuantization:
+        """:meth:`with_codebooks`."""
+        return self.with_codebooks(values, where)
+
+    def final_arrays(self) -> dict[str, np.ndarray]:
+        """The codebooks array, flattened (an opq cache's rotations after the centroids)."""
+        return {CODEBOOKS_ARRAY: self.parameters()}
+
+    def train(self, sample: np.ndarray) -> ProductQuantization:
+        """This quantisation with codebooks trained by faiss on ``sample`` ``(n, slots, dim)``."""
+        from elmo_cache.rows.pq_training import train_codebooks
+
+        return train_codebooks(sample, self)
 
     @property
     def rotation_shape(self) -> tuple[int, int, int]:
@@ -269,7 +334,54 @@ class ProductQuantization:
             out[:, start : start + step] = dist.argmin(dim=-1).to(torch.uint8)
         return out.transpose(0, 1).cpu().numpy().reshape(*x.shape[:-1], self.m)
 
+    def encode(self, x: torch.Tensor) -> np.ndarray:
+        """:meth:`quantize`."""
+        return self.quantize(x)
+
     # -- reading ----------------------------------------------------------------------------------
+
+    def for_reading(
+        self, where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]
+    ) -> ProductQuantization:
+        """This quantisation with the cache's codebooks (and rotations) read and checked now, so decoding
+        needs nothing more."""
+        return load_codebooks(where, meta, self, *optional.get(CODEBOOKS_ARRAY, (None, None)))
+
+    def with_arrays(self, arrays: Mapping[str, Any], where: Any) -> ProductQuantization:
+        """This quantisation with the codebooks array of ``arrays`` as the library read it (none: shapes only)."""
+        array = arrays.get(CODEBOOKS_ARRAY)
+        if array is None:
+            return self
+        return self.with_codebooks(np.asarray(array[...]), f"array {CODEBOOKS_ARRAY!r}")
+
+    def decode(self, rows: np.ndarray) -> np.ndarray:
+        """:meth:`dequantize`."""
+        return self.dequantize(rows)
+
+    def pad(self, items: Sequence[Any], max_tokens: int) -> torch.Tensor:
+        return pad_pq(items, max_tokens)
+
+    def live_as_cached(
+        self, acts: np.ndarray, selection: Selection, stored: Selection, dtype: Any = None
+    ) -> np.ndarray:
+        """A live encoding in the form ``selection`` asks, its stored layers (or its mix, when it is the stored
+        one) rounded through the cache's codebooks, as the cache's hits are."""
+        if stored.layers is not None:
+            layers = list(stored.layers)
+            rounded = np.array(acts, dtype=np.float32)
+            # Token-major (n, layers, dim): each stored layer through its own codebooks, as the build does.
+            rounded[layers] = self.roundtrip(rounded[layers].transpose(1, 0, 2)).transpose(1, 0, 2)
+            return selection.apply_array(rounded, dtype)
+        out = selection.apply_array(acts, np.float32)
+        return np.ascontiguousarray(self.roundtrip(out) if selection.same_as(stored) else out, dtype=dtype)
+
+    def sample_problem(
+        self, stored: np.ndarray, expected: np.ndarray, atol: float, rtol: float
+    ) -> tuple[str | None, float]:
+        """A pq code is right when its centroid is (within the encoder's tolerance) a nearest one; an opq code
+        the same of the rotated vector (:meth:`nearest_problem` rotates the fresh floats and their tolerance)."""
+        problem = self.nearest_problem(stored, expected, atol + rtol * np.abs(expected))
+        return problem, float(np.abs(self.dequantize(stored) - expected).max())
 
     def dequantize(self, rows: np.ndarray) -> np.ndarray:
         """Floats of stored rows ``(..., slots, m)`` (or ``(..., m)`` with one slot): one gather, float32; for
@@ -344,6 +456,10 @@ class PQSentence(UndecodedSentence):
     # The cache's quantisation, codebooks loaded (shared, not copied).
     quantization: ProductQuantization
 
+    def collate(self, items: Sequence[Any], max_tokens: int) -> torch.Tensor:
+        """One gather for the whole batch."""
+        return pad_pq(items, max_tokens)
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The shape of the decoded floats."""
@@ -381,21 +497,6 @@ def pad_pq(items: Sequence[PQSentence], max_tokens: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(out))
 
 
-def pq_live_as_cached(
-    acts: np.ndarray, selection: Selection, stored: Selection, quantization: ProductQuantization, dtype: Any = None
-) -> np.ndarray:
-    """A live encoding ``(3, n_tokens, dim)`` float32 in the form ``selection`` asks, its stored layers (or its
-    mix, when it is the stored one) rounded through the cache's codebooks, as the cache's hits are."""
-    if stored.layers is not None:
-        layers = list(stored.layers)
-        rounded = np.array(acts, dtype=np.float32)
-        # Token-major (n, layers, dim): each stored layer through its own codebooks, as the build does.
-        rounded[layers] = quantization.roundtrip(rounded[layers].transpose(1, 0, 2)).transpose(1, 0, 2)
-        return selection.apply_array(rounded, dtype)
-    out = selection.apply_array(acts, np.float32)
-    return np.ascontiguousarray(quantization.roundtrip(out) if selection.same_as(stored) else out, dtype=dtype)
-
-
 def load_codebooks(
     where: Any, meta: Mapping[str, Any], quantization: ProductQuantization, array: Any, sums: Any
 ) -> ProductQuantization:
@@ -417,3 +518,36 @@ def load_codebooks(
                 "rebuild or re-copy the cache"
             )
     return quantization.with_codebooks(data, f"{where}: array {CODEBOOKS_ARRAY!r}")
+
+
+def _parse(value: str) -> ProductQuantization:
+    product = parse_product(value)
+    if product is None:
+        raise invalid_option(value)
+    scheme, m = product
+    # Unbound (dim 0, no slots) until the model's width is known; bind checks that M divides it.
+    return ProductQuantization(0, m, 0, Training(), scheme=scheme)
+
+
+def _valid_metadata(raw: Mapping[str, Any], dtype: Any) -> bool:
+    return (
+        dtype == PQ_DTYPE
+        and raw.get("codebooks") == CODEBOOKS_ARRAY
+        and (raw.get("scheme") != "opq" or raw.get("rotation") == OPQ_ROTATION)
+    )
+
+
+register_builtin(
+    CodecEntry(
+        schemes=PRODUCT_SCHEMES,
+        parse=_parse,
+        from_metadata=ProductQuantization.from_metadata,
+        choices=("pq:M", "opq:M"),
+        expected=(
+            f"'pq' or 'opq' with 'codebooks': {CODEBOOKS_ARRAY!r} (opq: and 'rotation': {OPQ_ROTATION!r}) "
+            "and dtype 'uint8'"
+        ),
+        valid_metadata=_valid_metadata,
+        help=pq_choices(),
+    )
+)

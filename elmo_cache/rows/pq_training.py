@@ -4,12 +4,44 @@ needed only here (the ``pq`` extra); reading a product-quantised cache needs non
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.rows.pq import CENTROIDS, ProductQuantization
+
+
+class Trainable(Protocol):
+    """What training reads of a product quantisation (elmo_cache.rows.pq.ProductQuantization, which calls into
+    this module to train and so is not imported here)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def m(self) -> int: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def training(self) -> Any: ...
+
+    @property
+    def rotated(self) -> bool: ...
+
+    @property
+    def codebook_shape(self) -> tuple[int, int, int, int]: ...
+
+    @property
+    def rotation_shape(self) -> tuple[int, int, int]: ...
+
+    def with_codebooks(self, codebooks: Any, where: str = ...) -> Any: ...
+
+    def with_rotation(self, codebooks: np.ndarray, rotation: Any) -> Any: ...
+
+
+_Q = TypeVar("_Q", bound=Trainable)
 
 __all__ = ["require_faiss", "train_codebooks"]
 
@@ -26,7 +58,7 @@ def require_faiss() -> Any:
     return faiss
 
 
-def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> ProductQuantization:
+def train_codebooks(sample: np.ndarray, quantization: _Q) -> _Q:
     """``quantization`` with codebooks trained on ``sample`` ``(n, slots, dim)``: per slot, faiss's
     ProductQuantizer (k-means of 256 centroids per sub-space, ``training.seed``, ``training.iterations``),
     on one OpenMP thread; for opq, on the sample rotated by the slot's rotation, learned first by faiss's
@@ -35,8 +67,9 @@ def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> Pr
     faiss = require_faiss()
     if len(sample) == 0:
         sample = np.zeros((1, quantization.slots, quantization.dim), np.float32)  # an empty corpus: any codebooks
-    if len(sample) < CENTROIDS:
-        sample = np.resize(sample, (CENTROIDS, *sample.shape[1:]))
+    centroids = quantization.codebook_shape[2]
+    if len(sample) < centroids:
+        sample = np.resize(sample, (centroids, *sample.shape[1:]))
     out = np.empty(quantization.codebook_shape, np.float32)
     rotations = np.empty(quantization.rotation_shape, np.float32) if quantization.rotated else None
     threads = faiss.omp_get_max_threads()
@@ -49,13 +82,13 @@ def train_codebooks(sample: np.ndarray, quantization: ProductQuantization) -> Pr
                 x = np.ascontiguousarray(x @ rotations[slot].T)  # y = x A^T, the vectors the codes are of
             pq = _product_quantizer(faiss, quantization, quantization.training.iterations)
             pq.train(x)
-            out[slot] = faiss.vector_to_array(pq.centroids).reshape(quantization.m, CENTROIDS, quantization.dsub)
+            out[slot] = faiss.vector_to_array(pq.centroids).reshape(quantization.codebook_shape[1:])
     finally:
         faiss.omp_set_num_threads(threads)
     return quantization.with_codebooks(out) if rotations is None else quantization.with_rotation(out, rotations)
 
 
-def _product_quantizer(faiss: Any, quantization: ProductQuantization, iterations: int) -> Any:
+def _product_quantizer(faiss: Any, quantization: Trainable, iterations: int) -> Any:
     pq = faiss.ProductQuantizer(quantization.dim, quantization.m, 8)
     pq.cp.seed = quantization.training.seed
     pq.cp.niter = iterations
@@ -64,7 +97,7 @@ def _product_quantizer(faiss: Any, quantization: ProductQuantization, iterations
     return pq
 
 
-def _train_rotation(faiss: Any, x: np.ndarray, quantization: ProductQuantization) -> np.ndarray:
+def _train_rotation(faiss: Any, x: np.ndarray, quantization: Trainable) -> np.ndarray:
     """One slot's OPQ rotation ``A`` (dim x dim, float32) learned on ``x`` by faiss's OPQMatrix: alternately a
     PQ of the rotated vectors (its k-means seeded with ``training.seed``) and the orthogonal Procrustes
     rotation best mapping the vectors onto their PQ reconstructions."""

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.store.format import PRODUCT_SCHEMES, QUANTIZED_DTYPES, SCALE_BYTES
+from elmo_cache.rows.codecs import CodecEntry, UndecodedSentence, invalid_option, register_builtin
+from elmo_cache.store.format import QUANTIZED_DTYPE, SCALE_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -36,20 +37,14 @@ if TYPE_CHECKING:
     from elmo_cache.rows.selection import Selection
 
 __all__ = [
-    "QUANTIZE_CHOICES",
+    "INT8",
     "Quantization",
     "QuantizedSentence",
-    "parse_quantize",
-    "quantization_of",
-    "quantization_for_reading",
-    "make_quantization",
-    "stored_row_shape",
     "pad_quantized",
-    "live_as_cached",
 ]
 
-QUANTIZE_CHOICES = ("none", "int8", "pq:M", "opq:M")
-"""Valid ``--quantize`` values ("none": float vectors, as before; "pq:M", "opq:M": elmo_cache.rows.pq, M a number)."""
+INT8 = "int8"
+"""The scheme name (``--quantize int8`` and metadata ``quantization.scheme``)."""
 
 # The largest code: symmetric, so -128 is never used and negation is exact.
 _QMAX = 127.0
@@ -57,42 +52,53 @@ _QMAX = 127.0
 assert sys.byteorder == "little", "quantised caches are written on little-endian machines only"
 
 
-def parse_quantize(value: str | None) -> str | None:
-    """``--quantize`` as a scheme name (``int8``, ``pq:M``, ``opq:M``), or None for float vectors; anything else is
-    an error listing the choices (whether M divides the model's width is checked once the model is known)."""
-    from elmo_cache.rows.pq import parse_product, pq_choices
-
-    if value is None or value == "none":
-        return None
-    if value != "int8" and parse_product(value) is None:
-        raise InvalidParameterError(
-            f"quantize: {value!r} is not valid; choose from {list(QUANTIZE_CHOICES)} ({pq_choices()})"
-        )
-    return value
-
-
-def make_quantization(name: str, dim: int, slots: int, sample: int | None = None) -> Any:
-    """The quantisation ``name`` (:func:`parse_quantize`'s) of rows of ``slots`` vectors of ``dim`` values:
-    a :class:`Quantization`, or an untrained :class:`elmo_cache.rows.pq.ProductQuantization` (pq or opq) whose
-    codebooks will be trained on ``sample`` token rows (None: the default of :class:`elmo_cache.rows.pq.Training`)."""
-    from elmo_cache.rows.pq import ProductQuantization, Training, parse_product
-
-    product = parse_product(name)
-    if product is None:
-        return Quantization(name, dim)
-    scheme, m = product
-    training = Training() if sample is None else Training(vectors=sample)
-    return ProductQuantization(dim, m, slots, training, scheme=scheme)
-
-
 @dataclass(frozen=True)
 class Quantization:
-    """How a cache's vectors are quantised, and the code that writes and reads them (FORMAT.md)."""
+    """How a cache's vectors are quantised to int8, and the code that writes and reads them (FORMAT.md): the
+    int8 :class:`~elmo_cache.rows.codecs.RowCodec`."""
 
-    # Scheme name: "int8" (per-vector absmax, float32 scale); product quantisation is elmo_cache.rows.pq's.
-    scheme: str
-    # Values per vector (the model's output width): the codes that precede each scale.
-    dim: int
+    # Scheme name: "int8" (per-vector absmax, float32 scale).
+    scheme: str = INT8
+    # Values per vector (the model's output width): the codes that precede each scale; 0 until bound.
+    dim: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.scheme
+
+    @property
+    def dtype(self) -> str:
+        return QUANTIZED_DTYPE
+
+    @property
+    def quantized(self) -> bool:
+        return True
+
+    @property
+    def read_dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def training_vectors(self) -> int | None:
+        return None
+
+    @property
+    def exact_pool(self) -> bool:
+        return False
+
+    def rounding_step(self, scale: float) -> float | None:
+        # The vector's scale is its largest magnitude over 127 (a code step; rounding is half of it).
+        return scale / _QMAX
+
+    def require(self) -> None:
+        return None
+
+    def with_training_vectors(self, vectors: int) -> Quantization:
+        raise InvalidParameterError("codebook_sample: int8 rows are not trained")
+
+    def bind(self, dim: int, slots: int) -> Quantization:
+        # Every vector has its own scale: the slots change nothing.
+        return replace(self, dim=int(dim))
 
     # -- metadata ---------------------------------------------------------------------------------
 
@@ -129,7 +135,33 @@ class Quantization:
         out[..., self.dim :] = scale.cpu().numpy().astype("<f4").view(np.int8)
         return out
 
+    def encode(self, x: torch.Tensor) -> np.ndarray:
+        """:meth:`quantize`."""
+        return self.quantize(x)
+
+    def train(self, sample: np.ndarray) -> Quantization:
+        return self
+
+    def parameters(self) -> np.ndarray:
+        return np.empty(0, "<f4")
+
+    @property
+    def parameter_shape(self) -> tuple[int, ...]:
+        return (0,)
+
+    def with_parameters(self, values: Any, where: str) -> Quantization:
+        return self
+
+    def final_arrays(self) -> dict[str, np.ndarray]:
+        return {}  # the scales are in the rows
+
     # -- reading ----------------------------------------------------------------------------------
+
+    def for_reading(self, where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> Quantization:
+        return self
+
+    def with_arrays(self, arrays: Mapping[str, Any], where: Any) -> Quantization:
+        return self
 
     def split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(codes, scales)`` of stored rows ``(..., dim + 4)``: int8 ``(..., dim)`` and float32 ``(...)``, views."""
@@ -148,6 +180,10 @@ class Quantization:
         np.multiply(codes, scales[..., None], out=out, dtype=np.float32)
         return out
 
+    def decode(self, rows: np.ndarray) -> np.ndarray:
+        """:meth:`dequantize`."""
+        return self.dequantize(rows)
+
     def decoder(self, read: Callable[[int, int], np.ndarray]) -> Callable[[int, int], np.ndarray]:
         """A row reader ``read(start, stop)`` of stored rows turned into one of decoded float32 rows."""
         dequantize = self.dequantize
@@ -159,6 +195,9 @@ class Quantization:
         codes, scales = self.split(rows)
         return QuantizedSentence(codes, scales)
 
+    def pad(self, items: Sequence[Any], max_tokens: int) -> torch.Tensor:
+        return pad_quantized(items, max_tokens)
+
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
         """``x`` (float, ``(..., dim)``) as a cache of this scheme would return it: quantised, then read back."""
         import torch
@@ -166,33 +205,40 @@ class Quantization:
         codes, scales = self.split(self.quantize(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))))
         return np.multiply(codes, scales[..., None], dtype=np.float32)
 
+    def live_as_cached(
+        self, acts: np.ndarray, selection: Selection, stored: Selection, dtype: Any = None
+    ) -> np.ndarray:
+        """A live encoding rounded as this cache rounds its hits.
 
-class UndecodedSentence:
-    """What an undecoded sentence of either quantised kind shares: numpy sees its decoded float32 values
-    (``np.asarray(item)`` is ``cache[i]``); a subclass says how it decodes and what shape that gives."""
+        A layered int8 cache quantises each (layer, token) vector alone, so every layer is rounded before the
+        selection (a mix of stored layers is then computed from rounded layers, as from the cache); a mixed
+        cache rounds its mix, so only that mix is rounded (any other is not in the cache anyway).
+        """
+        if stored.layers is not None:
+            return selection.apply_array(self.roundtrip(acts), dtype)
+        out = selection.apply_array(acts, np.float32)
+        return np.ascontiguousarray(self.roundtrip(out) if selection.same_as(stored) else out, dtype=dtype)
 
-    codes: np.ndarray
+    # -- verify -----------------------------------------------------------------------------------
 
-    @property
-    def ndim(self) -> int:
-        return self.codes.ndim
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The dtype of the decoded floats."""
-        return np.dtype(np.float32)
-
-    def dequantize(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.dequantize()
-        return out if dtype is None else out.astype(dtype, copy=False)
+    def sample_problem(
+        self, stored: np.ndarray, expected: np.ndarray, atol: float, rtol: float
+    ) -> tuple[str | None, float]:
+        """Each value may be off by half its vector's scale, on top of the encoder's own tolerance."""
+        half_step = self.split(stored)[1][..., None] * (0.5 + 1e-4)
+        error = np.abs(self.dequantize(stored) - expected)
+        worst = float(error.max())
+        if (error > atol + rtol * np.abs(expected) + half_step).any():
+            return (
+                f"stored vectors differ from a fresh encoding by up to {worst:.3g} (tolerance {atol:g} + {rtol:g} "
+                "x |value| + half the vector's quantisation step)"
+            ), worst
+        return None, worst
 
 
 @dataclass(frozen=True)
 class QuantizedSentence(UndecodedSentence):
-    """One sentence of a quantised cache, undecoded: ``Cache.quantized(i)`` and ``CacheDataset`` items.
+    """One sentence of an int8 cache, undecoded: ``Cache.quantized(i)`` and ``CacheDataset`` items.
 
     ``np.asarray(item)`` gives the floats (as ``cache[i]`` does); :func:`elmo_cache.collate` pads the
     codes and scales of a whole batch and decodes it with one multiply.
@@ -211,48 +257,8 @@ class QuantizedSentence(UndecodedSentence):
         """The floats ``codes * scales`` (float32)."""
         return np.multiply(self.codes, self.scales[..., None], dtype=np.float32)
 
-
-def quantization_of(meta: Mapping[str, Any], codebooks: Any = None) -> Any:
-    """The quantisation a cache's metadata records (None: float vectors, as in every older cache): a
-    :class:`Quantization`, or a :class:`elmo_cache.rows.pq.ProductQuantization` holding ``codebooks`` (the
-    cache's :data:`~elmo_cache.store.format.CODEBOOKS` array, checked; None: shapes only, no decoding)."""
-    raw = meta.get("quantization")
-    if raw is None:
-        return None
-    scheme = raw.get("scheme") if isinstance(raw, Mapping) else None
-    dim = int(meta.get("dim") or 0)
-    if scheme in PRODUCT_SCHEMES:
-        from elmo_cache.rows.pq import ProductQuantization
-
-        slots = len(meta.get("layers") or []) if meta.get("kind") == "layers" else 1
-        pq = ProductQuantization.from_metadata(raw, dim, slots)
-        return pq if codebooks is None else pq.with_codebooks(codebooks, "array 'quantization/codebooks'")
-    if scheme not in QUANTIZED_DTYPES or raw.get("scale") != "float32":
-        raise CacheFormatError(
-            f"metadata quantization {raw!r} is not one this elmo-cache reads "
-            f"(int8 with float32 scales, pq or opq); upgrade elmo-cache"
-        )
-    return Quantization(scheme, dim)
-
-
-def quantization_for_reading(where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> Any:
-    """:func:`quantization_of` for a reader: a pq or opq cache's codebooks (and rotations) read from ``optional``
-    (the cache's optional arrays and their block sums, by name) and checked now, so decoding needs nothing more."""
-    quantization = quantization_of(meta)
-    if getattr(quantization, "scheme", None) not in PRODUCT_SCHEMES:
-        return quantization
-    from elmo_cache.rows.pq import load_codebooks
-    from elmo_cache.store.format import CODEBOOKS
-
-    return load_codebooks(where, meta, quantization, *optional.get(CODEBOOKS, (None, None)))
-
-
-def stored_row_shape(meta: Mapping[str, Any]) -> tuple[int, ...]:
-    """The shape of one row of ``vectors`` that a cache's metadata implies (quantised rows included)."""
-    dim = int(meta.get("dim") or 0)
-    row: tuple[int, ...] = (dim,) if meta.get("kind") == "mix" else (len(meta.get("layers") or []), dim)
-    quantization = quantization_of(meta)
-    return row if quantization is None else quantization.stored_shape(row)
+    def collate(self, items: Sequence[Any], max_tokens: int) -> torch.Tensor:
+        return pad_quantized(items, max_tokens)
 
 
 def pad_quantized(items: Sequence[QuantizedSentence], max_tokens: int) -> torch.Tensor:
@@ -282,21 +288,28 @@ def pad_quantized(items: Sequence[QuantizedSentence], max_tokens: int) -> torch.
     return torch.from_numpy(np.multiply(codes, scales[..., None], dtype=np.float32))  # padding stays 0
 
 
-def live_as_cached(
-    acts: np.ndarray, selection: Selection, stored: Selection, quantization: Any, dtype: Any = None
-) -> np.ndarray:
-    """A live encoding ``(3, n_tokens, dim)`` float32 in the form ``selection`` asks, rounded as a quantised
-    cache storing ``stored`` rounds it, so that a server's live answers equal its cache hits.
+def _parse(value: str) -> Quantization:
+    if value != INT8:
+        raise invalid_option(value)
+    return Quantization(INT8)
 
-    A layered int8 cache quantises each (layer, token) vector alone, so every layer is rounded before the
-    selection (a mix of stored layers is then computed from rounded layers, as from the cache); a mixed
-    cache rounds its mix, so only that mix is rounded (any other is not in the cache anyway).
-    """
-    if quantization.scheme in PRODUCT_SCHEMES:
-        from elmo_cache.rows.pq import pq_live_as_cached
 
-        return pq_live_as_cached(acts, selection, stored, quantization, dtype)
-    if stored.layers is not None:
-        return selection.apply_array(quantization.roundtrip(acts), dtype)
-    out = selection.apply_array(acts, np.float32)
-    return np.ascontiguousarray(quantization.roundtrip(out) if selection.same_as(stored) else out, dtype=dtype)
+def _from_metadata(raw: Mapping[str, Any], dim: int, slots: int) -> Quantization:
+    if raw.get("scale") != "float32":
+        raise CacheFormatError(
+            f"metadata quantization {raw!r} is not one this elmo-cache reads "
+            f"(int8 with float32 scales, pq or opq); upgrade elmo-cache"
+        )
+    return Quantization(INT8, dim)
+
+
+register_builtin(
+    CodecEntry(
+        schemes=(INT8,),
+        parse=_parse,
+        from_metadata=_from_metadata,
+        choices=(INT8,),
+        expected="'int8' with 'scale': 'float32' and dtype 'int8'",
+        valid_metadata=lambda raw, dtype: dtype == QUANTIZED_DTYPE and raw.get("scale") == "float32",
+    )
+)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,6 @@ __all__ = [
     "POOLED_CHUNK_BLOCKS",
     "QUANTIZED_DTYPE",
     "OPQ_ROTATION",
-    "PRODUCT_SCHEMES",
-    "QUANTIZATION_SCHEMES",
-    "QUANTIZED_DTYPES",
     "SCALE_BYTES",
     "KINDS",
     "LAYER_IDS",
@@ -169,19 +167,8 @@ VECTOR_DTYPES = ("float16", "float32")
 QUANTIZED_DTYPE = "int8"
 """Storage dtype of ``vectors`` in a quantised cache (metadata ``quantization``; elmo_cache.rows.quantize)."""
 
-QUANTIZATION_SCHEMES = ("int8", "pq", "opq")
-"""Metadata ``quantization.scheme`` values: ``int8``, one int8 code per value and one float32 scale per vector;
-``pq``, one uint8 code per sub-vector and the codebooks in :data:`CODEBOOKS`; ``opq``, the same codes of the
-vector after an orthonormal rotation, the rotations stored after the centroids in :data:`CODEBOOKS`."""
-
-PRODUCT_SCHEMES = ("pq", "opq")
-"""The product-quantised schemes (elmo_cache.rows.pq): codes of sub-vectors, codebooks in :data:`CODEBOOKS`."""
-
 OPQ_ROTATION = "after-centroids"
 """Metadata ``quantization.rotation`` of an ``opq`` cache: where its rotations are (FORMAT.md)."""
-
-QUANTIZED_DTYPES = {"int8": QUANTIZED_DTYPE, "pq": "uint8", "opq": "uint8"}
-"""Storage dtype of ``vectors`` for each quantisation scheme."""
 
 SCALE_BYTES = 4
 """Bytes of a quantised vector's scale (float32, little-endian), stored right after its codes."""
@@ -257,11 +244,16 @@ def decode_metadata(raw: Any) -> dict[str, Any] | None:
     return raw if isinstance(raw, dict) and raw.get("format") == FORMAT_NAME else None
 
 
-def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
+def parse_metadata(
+    where: Path, raw: Any, quantization_problem: Callable[[dict[str, Any]], str | None] | None = None
+) -> dict[str, Any]:
     """Validate the metadata attribute ``raw`` of the cache at ``where``; every problem is named.
 
     Raises :class:`~elmo_cache.errors.CacheFormatError` when it is missing, not JSON, not
-    elmo-cache's, of an unknown version, or holds values outside FORMAT.md.
+    elmo-cache's, of an unknown version, or holds values outside FORMAT.md. The ``quantization`` of a
+    quantised cache is the row codec's to judge (``quantization_problem``, e.g.
+    :func:`elmo_cache.rows.codecs.quantization_problem`: the format does not know the registered codecs;
+    None: not checked here).
     """
     if raw is None:
         raise CacheFormatError(f"{where}: no {META_KEY!r} metadata attribute; not an elmo-cache store")
@@ -280,27 +272,17 @@ def parse_metadata(where: Path, raw: Any) -> dict[str, Any]:
             f"{where}: unsupported format_version {version!r}; this elmo-cache reads {list(FORMAT_VERSIONS)} "
             "(upgrade elmo-cache or rebuild the cache)"
         )
-    problems = []
+    problems: list[str] = []
     kind = raw.get("kind")
     if kind not in KINDS:
         problems.append(f"kind {kind!r} (expected 'layers' or 'mix')")
     quantization = raw.get("quantization")
     if quantization is None and raw.get("dtype") not in VECTOR_DTYPES:
         problems.append(f"dtype {raw.get('dtype')!r} (expected 'float16' or 'float32')")
-    scheme = quantization.get("scheme") if isinstance(quantization, dict) else None
-    if quantization is not None and (
-        scheme not in QUANTIZATION_SCHEMES
-        or raw.get("dtype") != QUANTIZED_DTYPES[scheme]
-        or (scheme == "int8" and quantization.get("scale") != "float32")
-        or (scheme in PRODUCT_SCHEMES and quantization.get("codebooks") != CODEBOOKS)
-        or (scheme == "opq" and quantization.get("rotation") != OPQ_ROTATION)
-    ):
-        problems.append(
-            f"quantization {quantization!r} with dtype {raw.get('dtype')!r} (expected 'int8' with 'scale': "
-            f"'float32' and dtype 'int8', or 'pq' or 'opq' with 'codebooks': {CODEBOOKS!r} (opq: and 'rotation': "
-            f"{OPQ_ROTATION!r}) and dtype 'uint8'; a newer "
-            "elmo-cache may read it)"
-        )
+    if quantization is not None and quantization_problem is not None:
+        problem = quantization_problem(raw)
+        if problem is not None:
+            problems.append(problem)
     pool = raw.get("pool")
     if pool is not None and (
         not isinstance(pool, dict)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.rows.quantize import stored_row_shape
+from elmo_cache.rows.codecs import stored_row_shape
 from elmo_cache.store import open_with_library
 from elmo_cache.store.format import (
     FORMAT_VERSIONS,

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from elmo_cache.rows.codecs import codec_of_metadata
 from elmo_cache.rows.pooling import pool_rows, pooled_shape
-from elmo_cache.rows.quantize import quantization_of
-from elmo_cache.store.format import POOLED_ARRAY, PRODUCT_SCHEMES
+from elmo_cache.store.format import POOLED_ARRAY
 
 if TYPE_CHECKING:
     from elmo_cache.verify.report import VerifyReport
@@ -64,8 +64,8 @@ def check_pooled(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyRep
                     f"{POOLED_ARRAY}: sentence {i} repeats sentence {j} but their pooled vectors differ"
                 )
                 return
-    product_quantised = (meta.get("quantization") or {}).get("scheme") in PRODUCT_SCHEMES
-    if pool.get("only") or product_quantised:
+    unbounded = codec_of_metadata(meta).rounding_step(1.0) is None
+    if pool.get("only") or unbounded:
         # Nothing to recompute from: a --pool-only cache stores no token vectors, and a pq cache's token rows
         # are nearest centroids, whose error has no bound a recomputed pool could be held to.
         why = "a --pool-only cache stores none" if pool.get("only") else "a pq cache's are centroids, not the values"
@@ -110,21 +110,21 @@ def _recompute(
     after pooling (float16: a unit in the last place; int8: half a step), so the two agree within that."""
     n = len(lengths)
     chosen: Any = np.unique(np.linspace(0, n - 1, num=min(n, RECOMPUTED)).astype(np.int64)) if n else []
-    quantization = quantization_of(meta)
+    codec = codec_of_metadata(meta)
     vectors = arrays["vectors"]
     count = 0
     for i in (int(i) for i in chosen):
         start, length = int(offsets[i]), int(lengths[i])
         rows = np.asarray(vectors[start : start + length])
-        if quantization is not None:
-            rows = quantization.dequantize(rows)
+        if codec.quantized:
+            rows = codec.decode(rows)
         stored = np.asarray(pooled[i], dtype=np.float32)
         again = pool_rows(rows, method)
-        if meta["dtype"] == "float32" and quantization is None:
+        if codec.exact_pool:
             same = np.array_equal(stored, again)
         else:
             scale = float(np.abs(rows).max()) if length else 0.0
-            step = scale / 127 if quantization is not None else scale * 2.0**-10
+            step = codec.rounding_step(scale) or 0.0
             same = bool(np.allclose(stored, again, rtol=2.0**-10, atol=step + 1e-6))
         if not same:
             report.problems.append(

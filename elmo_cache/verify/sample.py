@@ -13,9 +13,9 @@ import numpy as np
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import model_differences
-from elmo_cache.rows.quantize import quantization_of
+from elmo_cache.rows.codecs import codec_of_metadata
 from elmo_cache.rows.selection import Selection
-from elmo_cache.store.format import PRODUCT_SCHEMES, TEXT_ENCODING
+from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.text.tokenize import split_key
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def check_sample(
     atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))
     offsets = arrays["offsets"]
     lengths = arrays["lengths"]
-    quantization = quantization_of(meta, _codebooks(arrays, meta))
+    codec = codec_of_metadata(meta).with_arrays(arrays, "verify")
     pool = meta.get("pool") or {}
     if pool.get("only"):
         _check_pooled_sample(meta, arrays, lines, references, pool["method"], (atol, rtol), report)
@@ -121,28 +121,12 @@ def check_sample(
     for i, reference in zip(lines, references):
         start, length = int(offsets[i]), int(lengths[i])
         stored = np.asarray(arrays["vectors"][start : start + length])
-        if quantization is not None and quantization.scheme in PRODUCT_SCHEMES:
-            # A pq code is right when its centroid is (within the encoder's tolerance) a nearest one; an opq
-            # code the same of the rotated vector (nearest_problem rotates the fresh floats and their tolerance).
-            expected = _expected(reference, meta)
-            problem = quantization.nearest_problem(stored, expected, atol + rtol * np.abs(expected))
-            worst = max(worst, float(np.abs(quantization.dequantize(stored) - expected).max()))
-            if problem is not None:
-                report.problems.append(f"sentence {i}: {problem}")
-                return
-            continue
-        # Quantised: each value may be off by half its vector's scale, on top of the encoder's own tolerance.
-        half_step = 0.0 if quantization is None else quantization.split(stored)[1][..., None] * (0.5 + 1e-4)
-        stored = stored.astype(np.float32) if quantization is None else quantization.dequantize(stored)
-        expected = _expected(reference, meta)
-        error = np.abs(stored - expected)
-        worst = max(worst, float(error.max()))
-        if (error > atol + rtol * np.abs(expected) + half_step).any():
-            report.problems.append(
-                f"sentence {i}: stored vectors differ from a fresh encoding by up to {float(error.max()):.3g} "
-                f"(tolerance {atol:g} + {rtol:g} x |value|"
-                + (")" if quantization is None else " + half the vector's quantisation step)")
-            )
+        # The codec knows how far its stored rows may be from the floats (int8: half a step; pq: a nearest
+        # centroid), on top of the encoder's own tolerance.
+        problem, error = codec.sample_problem(stored, _expected(reference, meta), atol, rtol)
+        worst = max(worst, error)
+        if problem is not None:
+            report.problems.append(f"sentence {i}: {problem}")
             return
     report.sampled = len(lines)
     report.max_abs_error = worst
@@ -184,13 +168,3 @@ def _check_pooled_sample(
         f"{len(lines)} sampled sentences: stored {method} vectors match the {method} of a fresh encoding "
         f"(max abs error {worst:.3g}; a --pool-only cache has no token vectors to compare)"
     )
-
-
-def _codebooks(arrays: dict[str, Any], meta: dict[str, Any]) -> Any:
-    """A pq or opq cache's codebooks array as the library read it (None for other caches: not needed)."""
-    from elmo_cache.store.format import CODEBOOKS
-
-    array = arrays.get(CODEBOOKS)
-    if array is None or (meta.get("quantization") or {}).get("scheme") not in PRODUCT_SCHEMES:
-        return None
-    return np.asarray(array[...])

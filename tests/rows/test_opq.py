@@ -15,8 +15,8 @@ import torch
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheCorruptError, CacheExistsError, InvalidParameterError
+from elmo_cache.rows.codecs import codec_for_option
 from elmo_cache.rows.pq import PQSentence, ProductQuantization, Training
-from elmo_cache.rows.quantize import parse_quantize, quantization_of
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import CODEBOOKS
 from elmo_cache.verify.checks import verify
@@ -133,20 +133,17 @@ def test_pq_metadata_and_old_caches_are_unchanged():
                      "algorithm": "faiss-kmeans"},
     }  # fmt: skip
     assert q.parameter_count == 3 * 8 * 256 * 4 and not q.rotated
-    meta = {"dim": DIM, "kind": "layers", "layers": [0, 1, 2], "quantization": q.to_metadata()}
-    assert quantization_of(meta) == q
     opq = ProductQuantization(DIM, 8, 3, scheme="opq")
     assert opq.to_metadata()["rotation"] == "after-centroids"
     assert opq.to_metadata()["training"]["rotation_iterations"] == 10
-    assert quantization_of({**meta, "quantization": opq.to_metadata()}) == opq
     assert opq.parameter_count == q.parameter_count + 3 * DIM * DIM
 
 
 def test_bad_opq_values_and_widths_are_named():
-    assert parse_quantize("opq:8") == "opq:8"
+    assert codec_for_option("opq:8").name == "opq:8"
     for bad in ("opq:0", "opq:", "opq8", "oqp:8"):
         with pytest.raises(InvalidParameterError, match=r"choose from \['none', 'int8', 'pq:M', 'opq:M'\].*opq:M, "):
-            parse_quantize(bad)
+            codec_for_option(bad)
     with pytest.raises(InvalidParameterError, match=r"opq:5 does not divide the model's width 32.*M in \[1, 2, 4"):
         ProductQuantization(DIM, 5, 1, scheme="opq")
 
@@ -232,10 +229,10 @@ def test_resume_reuses_the_staged_rotation_and_equals_an_uninterrupted_build(tmp
     # pq of the same M, or other OPQ iterations (recorded in the metadata), are refused; the staging is kept.
     from elmo_cache.builder import plan
 
-    make = plan.make_quantization
+    make = plan.codec_for_option
     monkeypatch.setattr(
-        plan, "make_quantization",
-        lambda *a: dataclasses.replace(make(*a), training=Training(rotation_iterations=3)),
+        plan, "codec_for_option",
+        lambda *a, **k: dataclasses.replace(make(*a, **k), training=Training(rotation_iterations=3)),
     )  # fmt: skip
     with pytest.raises(CacheExistsError, match="quantization"):
         build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
