@@ -29,8 +29,6 @@ from elmo_cache.rows.codecs import RowCodec, codec_for_reading, quantization_pro
 from elmo_cache.rows.pooling import Pool, pool_of
 from elmo_cache.store.blocksums import BlockGuard, guards
 from elmo_cache.store.format import (
-    ARRAYS,
-    BLOCK_SUMS,
     FORMAT_VERSIONS,
     OPTIONAL_ARRAYS,
     POOLED_ARRAY,
@@ -72,9 +70,7 @@ class Cache:
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
         self.path = Path(path)
         self._allow_incomplete = allow_incomplete
-        names = (*ARRAYS, *OPTIONAL_ARRAYS)
-        self.format, raw, arrays = store.open_arrays(self.path, (*names, *BLOCK_SUMS.values()))
-        sums = {name: arrays.pop(BLOCK_SUMS[name]) for name in names}
+        self.format, raw, arrays, sums = store.open_cache_arrays(self.path)
         # An optional array and its block sums by name (a pq cache's codebooks are read and checked at open).
         optional = {name: (arrays.get(name), sums.get(name)) for name in OPTIONAL_ARRAYS}
         meta = parse_metadata(self.path, raw, quantization_problem)

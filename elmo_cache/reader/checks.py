@@ -10,6 +10,7 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.rows.codecs import stored_row_shape
 from elmo_cache.rows.pooling import pooled_shape
+from elmo_cache.store.columns import optional_arrays
 from elmo_cache.store.format import ARRAYS, INDEX_DTYPES, OPTIONAL_ARRAYS, POOLED_ARRAY, TOKEN_ARRAYS, arrays_of
 
 __all__ = ["check_arrays"]
@@ -83,7 +84,8 @@ def check_arrays(cache: Any, arrays: dict[str, Any]) -> None:
                 f"{text.shape[0]} bytes; the cache is corrupt"
             )
     _check_pooled(self, arrays)
-    for name in (*required, *(name for name in OPTIONAL_ARRAYS if arrays.get(name) is not None)):
+    _check_declared(self, arrays)
+    for name in (*required, *(name for name in optional_arrays(meta) if arrays.get(name) is not None)):
         # zarr: the first and last chunk files have the size the array's shape requires.
         check = getattr(arrays[name], "check_files", None)
         if check is not None:
@@ -111,3 +113,23 @@ def _check_pooled(cache: Any, arrays: dict[str, Any]) -> None:
             f"{cache.path}: array {POOLED_ARRAY!r} is {got} {tuple(pooled.shape)}, expected {pool['dtype']} {want} "
             f"(one {pool['method']} vector per sentence); the cache is corrupt"
         )
+
+
+def _check_declared(cache: Any, arrays: dict[str, Any]) -> None:
+    """A column declared beyond the built-in ones (its array named by the metadata, store.columns.optional_arrays)
+    holds one value per sentence; an unfinished build writes it last, so only a finished cache must have it."""
+    n = int(arrays["offsets"].shape[0])
+    for name in optional_arrays(cache._metadata):
+        if name in OPTIONAL_ARRAYS:
+            continue
+        array = arrays.get(name)
+        if array is None and cache.complete:
+            raise CacheFormatError(
+                f"{cache.path}: array {name!r} is missing but the metadata lists its block sums; "
+                "the cache is corrupt (rebuild it)"
+            )
+        if array is not None and (array.ndim < 1 or int(array.shape[0]) != n):
+            raise CacheFormatError(
+                f"{cache.path}: array {name!r} has shape {tuple(array.shape)}, expected one row for each of the "
+                f"{n} sentences; the cache is corrupt"
+            )

@@ -29,8 +29,9 @@ from elmo_cache.errors import (
     CacheNotFoundError,
     IncompleteCacheError,
 )
+from elmo_cache.store.columns import cache_arrays, with_block_sums
 from elmo_cache.store.container import Container, OutputKind, OutputState
-from elmo_cache.store.format import BUILD_DIR, STAGING_SUFFIX, ZARR_JSON, staging_path
+from elmo_cache.store.format import BUILD_DIR, STAGING_SUFFIX, ZARR_JSON, block_sums_name, decode_metadata, staging_path
 from elmo_cache.store.hdf5.writer import Hdf5Writer
 from elmo_cache.store.lock import current_builder
 from elmo_cache.store.registry import container_for_suffix, container_names, containers, get_container
@@ -70,6 +71,7 @@ __all__ = [
     "infer_format",
     "detect",
     "open_arrays",
+    "open_cache_arrays",
     "open_with_library",
     "read_metadata",
     "load_progress",
@@ -134,6 +136,24 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[str, Any, dict[str,
     fmt = detect(path)
     raw, arrays = get_container(fmt).open_arrays(path, names)
     return fmt, raw, arrays
+
+
+def open_cache_arrays(path: Path) -> tuple[str, Any, dict[str, Any], dict[str, Any]]:
+    """``(format, raw metadata attribute, arrays, block sums)`` of the cache at ``path``: every array it may
+    hold (:func:`elmo_cache.store.columns.cache_arrays`, the built-in ones and the optional ones its metadata
+    names), memory-mapped where possible, and each one's block sums; None where missing."""
+    fmt = detect(path)
+    container = get_container(fmt)
+    names = cache_arrays(None)
+    raw, arrays = container.open_arrays(path, with_block_sums(names))
+    # Columns declared beyond the built-in ones are known only from the metadata, read with the arrays: a
+    # second opening for them, which caches without such columns never pay.
+    extra = tuple(name for name in cache_arrays(decode_metadata(raw)) if name not in names)
+    if extra:
+        arrays.update(container.open_arrays(path, with_block_sums(extra))[1])
+        names = (*names, *extra)
+    sums = {name: arrays.pop(block_sums_name(name)) for name in names}
+    return fmt, raw, arrays, sums
 
 
 def open_with_library(path: Path) -> tuple[str, Any, dict[str, Any], Callable[[], None]]:

@@ -26,7 +26,7 @@ import google_crc32c
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
-from elmo_cache.store.format import ARRAYS, BLOCK_SUMS, BLOCK_SUMS_ALGORITHM, OPTIONAL_ARRAYS, SMALL_BLOCK_ROWS
+from elmo_cache.store.format import ARRAYS, BLOCK_SUMS_ALGORITHM, SMALL_BLOCK_ROWS, block_sums_name
 
 __all__ = ["crc32c", "block_sums", "BlockSummer", "BlockGuard", "guards", "write_sums_file", "read_sums_file"]
 
@@ -202,7 +202,9 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
             f"{where}: metadata 'checksums.blocks' is not a {BLOCK_SUMS_ALGORITHM} block listing; the cache is corrupt"
         )
     result = {}
-    for name in ARRAYS + OPTIONAL_ARRAYS:
+    # Every array opened (store.columns.cache_arrays: the built-in ones and the declared columns' the metadata
+    # lists), in that order.
+    for name in arrays:
         array = arrays.get(name)
         if array is None or name not in rows:
             continue
@@ -214,7 +216,7 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
             shape = None if stored is None else tuple(stored.shape)
             what = "missing" if shape is None else f"of shape {shape}"
             raise CacheCorruptError(
-                f"{where}: array {BLOCK_SUMS[name]!r} (the block sums of {name!r}) is {what}, "
+                f"{where}: array {block_sums_name(name)!r} (the block sums of {name!r}) is {what}, "
                 f"expected ({want},); the cache is incomplete or damaged (a partial copy?): rebuild or re-copy it"
             )
         result[name] = BlockGuard(str(where), name, array, block_rows, stored)

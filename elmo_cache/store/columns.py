@@ -13,18 +13,47 @@ gives ``tokens/offsets``. Every other column with an :attr:`Column.array` is wri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from elmo_cache.store.format import POOLED_ARRAY, POOLED_CHUNK_BLOCKS, SMALL_BLOCK_ROWS, pooled_block_rows
+from elmo_cache.store.format import (
+    ARRAYS,
+    OPTIONAL_ARRAYS,
+    POOLED_ARRAY,
+    POOLED_CHUNK_BLOCKS,
+    SMALL_BLOCK_ROWS,
+    block_sums_name,
+    pooled_block_rows,
+)
 
-__all__ = ["Column", "sentence_columns", "pooled_column_spec", "HASHES", "TEXT", "TEXT_ENDS"]
+__all__ = [
+    "Column",
+    "sentence_columns",
+    "pooled_column_spec",
+    "declared_arrays",
+    "cache_arrays",
+    "optional_arrays",
+    "with_block_sums",
+    "HASHES",
+    "TEXT",
+    "TEXT_ENDS",
+    "DERIVED_ARRAYS",
+]
 
 # The built-in columns the writer derives arrays from (see the module docstring).
 HASHES = "hashes"
 TEXT = "text"
 TEXT_ENDS = "text_ends"
+
+DERIVED_ARRAYS = {HASHES: ("index/hashes", "index/rows"), TEXT_ENDS: ("tokens/offsets",)}
+"""The arrays the writer derives from a built-in column without an :attr:`Column.array` (FORMAT.md)."""
+
+# What a declared array may be called: lower-case path segments. A name from a cache's metadata is used as a
+# path inside a zarr group, so nothing else (``..``, absolute paths) is ever opened.
+_ARRAY_NAME = re.compile(r"[a-z0-9_]+(/[a-z0-9_]+)*")
 
 
 @dataclass(frozen=True)
@@ -106,3 +135,43 @@ def sentence_columns(
         names.append(column.name)
         columns.append(column)
     return tuple(columns)
+
+
+def declared_arrays(columns: tuple[Column, ...]) -> tuple[str, ...]:
+    """The arrays of a finished cache that ``columns`` become (``vectors`` aside), in declaration order."""
+    names: list[str] = []
+    for column in columns:
+        names.extend((column.array,) if column.array is not None else DERIVED_ARRAYS.get(column.name, ()))
+    return tuple(names)
+
+
+def optional_arrays(meta: Any) -> tuple[str, ...]:
+    """The optional arrays a cache with metadata ``meta`` may hold: the built-in ones
+    (:data:`~elmo_cache.store.format.OPTIONAL_ARRAYS`, which readers look for whatever the metadata says), then
+    each further declared column's array that the metadata lists in ``checksums.blocks.rows`` (the writers list
+    every optional column they write there). Metadata that is not a dict, or lists nothing, adds none."""
+    rows = _block_rows(meta)
+    known = (*ARRAYS, *OPTIONAL_ARRAYS)
+    extra = (name for name in rows if name not in known and _ARRAY_NAME.fullmatch(name))
+    return (*OPTIONAL_ARRAYS, *extra)
+
+
+def cache_arrays(meta: Any) -> tuple[str, ...]:
+    """Every array a cache with metadata ``meta`` may hold, in order: FORMAT.md's
+    (:data:`~elmo_cache.store.format.ARRAYS`; a version-1 cache lacks some, which the readers decide), then
+    :func:`optional_arrays`. The one list the readers' open-time checks and ``verify`` open."""
+    return (*ARRAYS, *optional_arrays(meta))
+
+
+def with_block_sums(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` followed by the block-sum array of each (FORMAT.md, "Block checksums")."""
+    return (*names, *(block_sums_name(name) for name in names))
+
+
+def _block_rows(meta: Any) -> dict[str, Any]:
+    """``checksums.blocks.rows`` of ``meta``, or an empty dict where the metadata has none (or is damaged:
+    the readers name that themselves)."""
+    checksums = meta.get("checksums") if isinstance(meta, dict) else None
+    blocks = checksums.get("blocks") if isinstance(checksums, dict) else None
+    rows = blocks.get("rows") if isinstance(blocks, dict) else None
+    return {k: v for k, v in rows.items() if isinstance(k, str)} if isinstance(rows, dict) else {}

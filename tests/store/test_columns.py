@@ -12,8 +12,9 @@ import pytest
 import elmo_cache
 from elmo_cache import store
 from elmo_cache.store import Progress
-from elmo_cache.store.columns import Column
-from elmo_cache.store.format import block_sums_name
+from elmo_cache.store.columns import Column, cache_arrays, declared_arrays, sentence_columns
+from elmo_cache.store.format import ARRAYS, OPTIONAL_ARRAYS, block_sums_name
+from elmo_cache.store.registry import get_container
 from elmo_cache.text.tokenize import sentence_hash
 from elmo_cache.verify.checks import verify
 from tests.contracts.store import DIM, _metadata, _sentences, _tokens
@@ -23,7 +24,7 @@ WIDTHS = Column("extra/widths", "float32", (3,), array="extra/widths", optional=
 
 
 def _layout(fmt: str, column: Column):
-    chunked = store.get_container(fmt).chunked
+    chunked = get_container(fmt).chunked
     layout = store.Layout(fmt, (2, DIM), "float32", 3 if chunked else None, None, 6 if chunked else None)
     return dataclasses.replace(layout, columns=(column,))
 
@@ -78,18 +79,27 @@ def _build(output, fmt: str, column: Column, sentences) -> None:
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_a_column_declared_alone_is_written_cut_back_on_resume_and_read_back(tmp_path, fmt):
     sentences = _sentences(11, seed=5)
-    output = tmp_path / ("c" + store.get_container(fmt).suffixes[0])
+    output = tmp_path / ("c" + get_container(fmt).suffixes[0])
     _build(output, fmt, WIDTHS, sentences)
     _, arrays = store.open_arrays(output, (WIDTHS.array, block_sums_name(WIDTHS.array)))[1:]
     np.testing.assert_array_equal(np.asarray(arrays[WIDTHS.array][:]), _values(sentences, 0))
     assert len(arrays[block_sums_name(WIDTHS.array)]) == -(-len(sentences) // WIDTHS.block_rows)
     with elmo_cache.open(output) as cache:  # the rest of the cache reads as ever
         assert cache.metadata["checksums"]["blocks"]["rows"][WIDTHS.array] == WIDTHS.block_rows
+        assert cache._guards[WIDTHS.array].block_rows == WIDTHS.block_rows  # its blocks are checked on read
         for i, s in enumerate(sentences):
             np.testing.assert_array_equal(cache[i], s.transpose(1, 0, 2))
-    # HDF5's verify still opens only the arrays store.format lists (ARRAYS, OPTIONAL_ARRAYS), so it names an
-    # undeclared dataset missing from its view; zarr's checksums.json covers every file.
-    assert verify(output).ok or fmt == "hdf5"
+    report = verify(output)
+    assert report.ok, report
+
+
+def test_the_built_in_columns_declare_the_arrays_of_format_md():
+    assert {"vectors", *declared_arrays(sentence_columns())} == set(ARRAYS)
+    assert cache_arrays(None) == (*ARRAYS, *OPTIONAL_ARRAYS)
+    # A declared column is known from the metadata that lists its block sums; names that are not array paths
+    # (a damaged or hostile metadata) are never opened.
+    meta = {"checksums": {"blocks": {"rows": {"vectors": 1, WIDTHS.array: 4, "../x": 1, "/etc": 1}}}}
+    assert cache_arrays(meta) == (*ARRAYS, *OPTIONAL_ARRAYS, WIDTHS.array)
 
 
 def test_a_column_staged_as_chunk_files_is_moved_into_zarr_with_the_bytes_of_a_copy(tmp_path):

@@ -20,20 +20,10 @@ import h5py
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store.format import (
-    ARRAYS,
-    BLOCK_SUMS,
-    HDF5_SIGNATURE,
-    META_KEY,
-    OPTIONAL_ARRAYS,
-    decode_metadata,
-)
+from elmo_cache.store.columns import cache_arrays, optional_arrays, with_block_sums
+from elmo_cache.store.format import HDF5_SIGNATURE, META_KEY, block_sums_name, decode_metadata
 
 __all__ = ["is_store", "read_metadata", "read_owned_metadata", "open_arrays", "open_with_library"]
-
-
-# The block sums of OPTIONAL_ARRAYS: like them, listed by open_with_library only when present.
-_OPTIONAL_SUMS = {BLOCK_SUMS[name] for name in OPTIONAL_ARRAYS}
 
 
 def is_store(path: Path) -> bool:
@@ -131,9 +121,10 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
         handle = h5py.File(path, "r")
     except OSError as exc:
         raise CacheFormatError(f"{path}: neither a zarr directory nor a readable HDF5 file ({exc})") from None
-    names = (*ARRAYS, *OPTIONAL_ARRAYS, *BLOCK_SUMS.values())
-    arrays = {name: handle.get(name) for name in names}
-    for name in OPTIONAL_ARRAYS:  # an optional array a cache does not hold is not named at all
-        if arrays[name] is None and arrays[BLOCK_SUMS[name]] is None:
-            del arrays[name], arrays[BLOCK_SUMS[name]]
-    return handle.attrs.get(META_KEY), arrays, handle.close
+    raw = handle.attrs.get(META_KEY)
+    meta = decode_metadata(raw)
+    arrays = {name: handle.get(name) for name in with_block_sums(cache_arrays(meta))}
+    for name in optional_arrays(meta):  # an optional array a cache does not hold is not named at all
+        if arrays[name] is None and arrays[block_sums_name(name)] is None:
+            del arrays[name], arrays[block_sums_name(name)]
+    return raw, arrays, handle.close

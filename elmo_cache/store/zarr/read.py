@@ -11,13 +11,8 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store.format import (
-    ARRAYS,
-    META_KEY,
-    OPTIONAL_ARRAYS,
-    ZARR_JSON,
-    decode_metadata,
-)
+from elmo_cache.store.columns import cache_arrays, optional_arrays
+from elmo_cache.store.format import META_KEY, ZARR_JSON, decode_metadata
 from elmo_cache.store.zarr.maps import ChunkedArray, DecodedChunks, MappedChunks, MappedShards
 
 __all__ = ["is_store", "read_metadata", "open_arrays", "open_with_library"]
@@ -175,14 +170,17 @@ def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], Non
         group = zarr.open_group(str(path), mode="r")
     except Exception as exc:  # zarr raises many types for foreign directories
         raise CacheFormatError(f"{path}: not a zarr v3 group ({exc})") from None
+    raw = group.attrs.get(META_KEY)
+    meta = decode_metadata(raw)
+    optional = optional_arrays(meta)
     arrays: dict[str, Any] = {}
-    for name in (*ARRAYS, *OPTIONAL_ARRAYS):
+    for name in cache_arrays(meta):
         try:
             arrays[name] = group[name]
         except KeyError:
-            if name not in OPTIONAL_ARRAYS:  # an optional array a cache does not hold is not named at all
+            if name not in optional:  # an optional array a cache does not hold is not named at all
                 arrays[name] = None
-    return group.attrs.get(META_KEY), arrays, lambda: None
+    return raw, arrays, lambda: None
 
 
 # -- writing ----------------------------------------------------------------------------------------
