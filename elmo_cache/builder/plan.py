@@ -177,6 +177,39 @@ class Plan:
 
 def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     """Check every option against the others and the corpus; raise :class:`InvalidParameterError` naming it."""
+    fmt, output = _output(source, options)
+    selection = Selection.of(options.layers, options.mix)
+    compression = None if options.compression in (None, "none") else options.compression
+    # None: set once the model's width is known (Plan.with_model)
+    chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)
+    shard_rows = None if options.shard_rows is None else int(options.shard_rows)
+    get_container(fmt).check_options(compression=compression, chunk_rows=chunk_rows, shard_rows=shard_rows)
+    _check_running(options)
+    _check_input(source, options)
+    codec = _codec(options)
+    pool = parse_pool(options.pool)
+    if options.pool_only and pool is None:
+        raise InvalidParameterError(
+            "pool_only: --pool-only stores the pooled vectors instead of the token vectors, so it needs "
+            f"--pool (one of {list(POOLS)})"
+        )
+    return Plan(
+        output,
+        fmt,
+        selection,
+        codec.dtype,
+        chunk_rows,
+        compression,
+        shard_rows,
+        codec,
+        options.input_format,
+        pool,
+        bool(options.pool_only),
+    )
+
+
+def _output(source: Corpus, options: BuildOptions) -> tuple[str, Path]:
+    """The container's name and the cache's path: asked for, implied by the output's suffix, or the defaults."""
     if options.format is not None:
         get_container(options.format)  # the error lists the valid formats
     if options.output is None and source.path is None:
@@ -198,14 +231,11 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     output = Path(options.output) if options.output is not None else default_output(source.path, fmt)  # type: ignore[arg-type]
     if source.path is not None and output.resolve() == source.path.resolve():
         raise InvalidParameterError(f"output: {output} is the corpus itself; choose another -o/--output")
+    return fmt, output
 
-    selection = Selection.of(options.layers, options.mix)
 
-    compression = None if options.compression in (None, "none") else options.compression
-    # None: set once the model's width is known (Plan.with_model)
-    chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)
-    shard_rows = None if options.shard_rows is None else int(options.shard_rows)
-    get_container(fmt).check_options(compression=compression, chunk_rows=chunk_rows, shard_rows=shard_rows)
+def _check_running(options: BuildOptions) -> None:
+    """The options of how the build runs (not of what it writes)."""
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
     from elmo_cache.encoder.hardware import PRECISIONS
@@ -221,12 +251,19 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
     if options.commit_seconds < 0:
         raise InvalidParameterError(f"commit_seconds: must be >= 0, got {options.commit_seconds}")
+
+
+def _check_input(source: Corpus, options: BuildOptions) -> None:
     check_input_format(options.input_format)
     if source.input_format != options.input_format:
         raise InvalidParameterError(
             f"input_format: the options say {options.input_format!r} but the corpus given was opened as "
             f"{source.input_format!r}; open it with Corpus(..., input_format={options.input_format!r})"
         )
+
+
+def _codec(options: BuildOptions) -> RowCodec:
+    """How the rows are stored, parsed once here (with its training sample, when it trains)."""
     codec = codec_for_option(options.quantize, fp16=bool(options.fp16))
     if options.codebook_sample is not None:
         if codec.training_vectors is None or options.codebook_sample < 1:
@@ -237,25 +274,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
             )
         codec = codec.with_training_vectors(options.codebook_sample)
     codec.require()
-    pool = parse_pool(options.pool)
-    if options.pool_only and pool is None:
-        raise InvalidParameterError(
-            "pool_only: --pool-only stores the pooled vectors instead of the token vectors, so it needs "
-            f"--pool (one of {list(POOLS)})"
-        )
-    return Plan(
-        output,
-        fmt,
-        selection,
-        codec.dtype,
-        chunk_rows,
-        compression,
-        shard_rows,
-        codec,
-        options.input_format,
-        pool,
-        bool(options.pool_only),
-    )
+    return codec
 
 
 def open_corpus(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Corpus:

@@ -71,11 +71,30 @@ class Cache:
         self.path = Path(path)
         self._allow_incomplete = allow_incomplete
         self.format, raw, arrays, sums = store.open_cache_arrays(self.path)
-        # An optional array and its block sums by name (a pq cache's codebooks are read and checked at open).
-        optional = {name: (arrays.get(name), sums.get(name)) for name in OPTIONAL_ARRAYS}
         meta = parse_metadata(self.path, raw, quantization_problem)
         self._metadata = meta
         self.complete: bool = meta["complete"]
+        """False for a cache whose build has not finished (only with ``allow_incomplete``)."""
+        if not self.complete and not allow_incomplete:
+            raise IncompleteCacheError(
+                f"{self.path}: the build of this cache has not finished (complete: false); resume it by running "
+                "the same build command again, or open it with allow_incomplete=True to read what is there"
+            )
+        self._allow_missing_files(meta, arrays, sums)
+        self._describe(meta, arrays, sums)
+        check_arrays(self, arrays)
+        self._check_metadata_checksum(meta)
+        self._bind_rows(arrays)
+        self._bind_tokens(arrays)
+        self._bind_guards(meta, arrays, sums)
+        pooled = arrays.get(POOLED_ARRAY)
+        self._pooled = (
+            None
+            if pooled is None or self.pool is None
+            else PooledVectors(pooled, self.pool, self._guards.get(POOLED_ARRAY))
+        )
+
+    def _allow_missing_files(self, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[str, Any]) -> None:
         # zarr: an absent file is an error in a finished cache. Caches written before block sums may
         # legitimately lack an all-zero chunk of a 1-D array (zarr skipped writing it): there those read
         # as zeros, as zarr specifies; their vectors files were always all written.
@@ -83,15 +102,14 @@ class Cache:
         for name, array in (*arrays.items(), *sums.items()):
             if hasattr(array, "allow_missing"):
                 array.allow_missing = not self.complete or (name != "vectors" and not with_sums)
-        """False for a cache whose build has not finished (only with ``allow_incomplete``)."""
-        if not self.complete and not allow_incomplete:
-            raise IncompleteCacheError(
-                f"{self.path}: the build of this cache has not finished (complete: false); resume it by running "
-                "the same build command again, or open it with allow_incomplete=True to read what is there"
-            )
+
+    def _describe(self, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[str, Any]) -> None:
+        """What the cache holds, from its metadata (and, for a codec that needs them, its optional arrays)."""
         self.kind: str = meta["kind"]
         self.layers: tuple[int, ...] | None = tuple(meta["layers"]) if self.kind == "layers" else None
         self.dim: int = meta["dim"]
+        # An optional array and its block sums by name (a pq cache's codebooks are read and checked at open).
+        optional = {name: (arrays.get(name), sums.get(name)) for name in OPTIONAL_ARRAYS}
         # How the rows are stored (with what decoding needs, e.g. a pq cache's codebooks); dtype is what
         # cache[i] returns, stored_dtype the array's.
         self.codec: RowCodec = codec_for_reading(self.path, meta, optional)
@@ -102,10 +120,11 @@ class Cache:
         self.format_version: int = meta["format_version"]
         # The pool of the stored sentence vectors (build --pool); None for a cache without them.
         self.pool: Pool | None = pool_of(meta, self.path)
-        check_arrays(self, arrays)
-        recorded = meta.get("checksums")
+
+    def _check_metadata_checksum(self, meta: dict[str, Any]) -> None:
         # A few microseconds: metadata edited or bit-flipped after the build (a mix, a layer list) is caught
-        # here, after the structure checks above, which name a disagreement with the arrays more precisely.
+        # here, after the structure checks, which name a disagreement with the arrays more precisely.
+        recorded = meta.get("checksums")
         if self.complete and isinstance(recorded, dict) and "metadata" in recorded:
             actual = metadata_checksum(meta)
             if recorded["metadata"] != actual:
@@ -113,28 +132,32 @@ class Cache:
                     f"{self.path}: the metadata fails its CRC-32 (recorded {recorded['metadata']!r}, actual {actual}): "
                     "it was edited or damaged after the build; rebuild or re-copy the cache"
                 )
+
+    def _bind_rows(self, arrays: dict[str, Any]) -> None:
+        """The arrays every read touches, and the hot path's accessors (the same calls for numpy maps (HDF5)
+        and chunked zarr arrays)."""
         self._vectors = arrays["vectors"]
         self._offsets = arrays["offsets"]
         self._lengths = arrays["lengths"]
         self._hashes = arrays["index/hashes"]
         self._rows = arrays["index/rows"]
-        # Hot-path accessors, the same calls for numpy maps (HDF5) and chunked zarr arrays.
         self._offset_at = self._offsets.item
         self._length_at = self._lengths.item
         vectors = self._vectors
-        self._read_rows = vectors.rows if hasattr(vectors, "rows") else (lambda start, stop: vectors[start:stop])
-        self._read_stored = self._read_rows
+        self._read_stored: Any = vectors.rows if hasattr(vectors, "rows") else (lambda start, stop: vectors[start:stop])
         # Decoded as read (a quantised cache's cache[i] is float32; quantized(i) gives the codes).
-        self._read_rows = self.codec.decoder(self._read_stored)
+        self._read_rows: Any = self.codec.decoder(self._read_stored)
         self._n = int(self._offsets.shape[0])
         self._n_rows = int(self._vectors.shape[0])
-        # A --pool-only cache has no token rows: -1 makes every read fail the bounds test below, whose error
+        # A --pool-only cache has no token rows: -1 makes every read fail the bounds test, whose error
         # branch explains it, so the hot path of other caches pays nothing for the case.
         self.pool_only: bool = self.pool is not None and self.pool.only
         if self.pool_only:
             self._n_rows = -1
         self._layered = self.kind == "layers"
         self._lengths_array: np.ndarray | None = None
+
+    def _bind_tokens(self, arrays: dict[str, Any]) -> None:
         self.stores_tokens: bool = arrays.get("tokens/offsets") is not None
         """Whether each sentence's tokens are stored (format 2); lookups by text then confirm them."""
         self._token_bytes: Any = arrays.get("tokens/bytes")
@@ -144,6 +167,8 @@ class Cache:
         self._read_text: Any = (
             None if text is None else text.rows if hasattr(text, "rows") else (lambda start, stop: text[start:stop])
         )
+
+    def _bind_guards(self, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[str, Any]) -> None:
         # Block checksums (FORMAT.md, "What is checked where"): each block of rows is checked against its
         # CRC-32C the first time a read touches it; caches built before them have none (empty dict).
         self._guards: dict[str, BlockGuard] = guards(self.path, meta, arrays, sums) if self.complete else {}
@@ -162,12 +187,6 @@ class Cache:
         # block sums (with them, the sums of 'offsets' and 'lengths' already do, at no cost per read).
         # With dedupe a repeat points back at earlier rows: only the bounds hold.
         self._consecutive = self.complete and meta.get("dedupe") is False and self._pair_guards is None
-        pooled = arrays.get(POOLED_ARRAY)
-        self._pooled = (
-            None
-            if pooled is None or self.pool is None
-            else PooledVectors(pooled, self.pool, self._guards.get(POOLED_ARRAY))
-        )
 
     # -- properties ---------------------------------------------------------------------------
 

@@ -86,7 +86,8 @@ def test_chunk_and_shard_rows_wait_for_the_models_width(corpus, tmp_path):
     assert wide.chunk_rows and wide.shard_rows and wide.shard_rows % wide.chunk_rows == 0
     assert narrow.chunk_rows > wide.chunk_rows  # the rules are in bytes: narrower rows, more of them
     hdf5 = make_plan(corpus, BuildOptions(output=tmp_path / "x.h5"))
-    assert hdf5.with_model(1024) == hdf5  # not chunked: nothing to fill
+    bound = hdf5.with_model(1024)
+    assert bound.dim == 1024 and bound.chunk_rows is None and bound.shard_rows is None  # not chunked
     with pytest.raises(InvalidParameterError, match="shard_rows: 100 is not a multiple of chunk_rows"):
         make_plan(corpus, BuildOptions(chunk_rows=64, shard_rows=100)).with_model(32)
 
