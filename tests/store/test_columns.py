@@ -23,7 +23,7 @@ WIDTHS = Column("extra/widths", "float32", (3,), array="extra/widths", optional=
 
 
 def _layout(fmt: str, column: Column):
-    chunked = store.container(fmt).chunked
+    chunked = store.get_container(fmt).chunked
     layout = store.Layout(fmt, (2, DIM), "float32", 3 if chunked else None, None, 6 if chunked else None)
     return dataclasses.replace(layout, columns=(column,))
 
@@ -78,7 +78,7 @@ def _build(output, fmt: str, column: Column, sentences) -> None:
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_a_column_declared_alone_is_written_cut_back_on_resume_and_read_back(tmp_path, fmt):
     sentences = _sentences(11, seed=5)
-    output = tmp_path / ("c" + store.container(fmt).suffixes[0])
+    output = tmp_path / ("c" + store.get_container(fmt).suffixes[0])
     _build(output, fmt, WIDTHS, sentences)
     _, arrays = store.open_arrays(output, (WIDTHS.array, block_sums_name(WIDTHS.array)))[1:]
     np.testing.assert_array_equal(np.asarray(arrays[WIDTHS.array][:]), _values(sentences, 0))
