@@ -111,7 +111,7 @@ class Plan:
     input_format: str = "lines"
     # Pooled sentence vectors stored beside the token vectors (elmo_cache.rows.pooling.POOLS), None for none.
     pool: str | None = None
-    # --pool-only: the pooled vectors instead of the token vectors (elmo_cache.builder.poolonly).
+    # --pool-only: the pooled vectors instead of the token vectors (its layout has no token rows: Layout.token_rows).
     pool_only: bool = False
     # pq/opq: token rows the codebooks are trained on (None: elmo_cache.rows.pq.Training's default).
     codebook_sample: int | None = None
