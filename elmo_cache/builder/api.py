@@ -1,7 +1,6 @@
 """``build()``, the public entry of every build: the corpus opened, the engine made, and the build
-run by the steps of :mod:`~elmo_cache.builder.skeleton`. A ``--pool-only`` build is one of them too (its
-layout declares no token rows) when the engine writes the declared columns; for an engine that does not
-(the ray engine, for now), :mod:`~elmo_cache.builder.poolonly` strips the token rows from its full build.
+run by the steps of :mod:`~elmo_cache.builder.skeleton`. A ``--pool-only`` build is one of them too: its
+layout declares no token rows (``Layout.token_rows``), and every engine writes what the layout declares.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from typing import TYPE_CHECKING
 from elmo_cache.builder.engine import Engine, make_engine
 from elmo_cache.builder.options import BuildOptions, BuildSummary
 from elmo_cache.builder.plan import open_corpus
-from elmo_cache.builder.poolonly import build_pool_only_by_stripping
 from elmo_cache.builder.skeleton import build_cache
 from elmo_cache.text.corpus import Corpus
 
@@ -55,7 +53,4 @@ def run_build(
     corpus: str | os.PathLike[str] | Corpus, options: BuildOptions, engine: Engine, encoder: Encoder | None = None
 ) -> BuildSummary:
     """The build of ``corpus`` by ``engine`` (``encoder``: the one to use instead of ``options.model``)."""
-    source = open_corpus(corpus, options)
-    if options.pool_only and not getattr(engine, "writes_declared_columns", False):
-        return build_pool_only_by_stripping(source, options, engine, encoder)
-    return build_cache(source, options, engine, encoder)
+    return build_cache(open_corpus(corpus, options), options, engine, encoder)

@@ -6,7 +6,8 @@ validated, the model described without loading it, the cache's identity), prepar
 differs between one process and many: what it cannot build, what it holds for the build, whose
 interrupted build a staging folder is, and how windows are encoded and the cache written and
 published (:class:`EngineRun`). Both engines encode windows through
-:mod:`elmo_cache.builder.encoding`, so they write the same bytes.
+:mod:`elmo_cache.builder.encoding` and write the per-sentence columns the plan's layout declares
+(``Layout.sentence_columns``; none of ``vectors``' rows for ``--pool-only``), so they write the same bytes.
 
 Adding an engine: one class implementing :class:`Engine` (with a ``from_arguments`` constructor),
 one entry in :data:`_REGISTRY`, its tests. Engines are imported when asked for, so the registry
@@ -100,11 +101,6 @@ class Engine(Protocol):
 
     # The name users pass as --engine and summaries report.
     name: str
-
-    # An engine that writes the layout's declared columns only (elmo_cache.store.columns) also sets
-    # ``writes_declared_columns = True``: it builds a --pool-only cache without token rows itself. Without
-    # it (an optional attribute, read with getattr), a --pool-only build runs the engine's full --pool
-    # build and strips its token rows (elmo_cache.builder.poolonly).
 
     def check(self, source: Corpus, plan: Plan) -> None:
         """Refuse, before any work, what this engine cannot build (:class:`InvalidParameterError` naming it)."""

@@ -21,13 +21,22 @@ import numpy as np
 from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.columns import HASHES, TEXT, TEXT_ENDS, Column
 from elmo_cache.store.durable import RawColumn, atomic_write_json, fsync_path
 from elmo_cache.store.format import TEXT_ENCODING
 from elmo_cache.store.staging import encode_tokens
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash, split_key
 
-__all__ = ["FirstPass", "PLAN_DIR", "PLAN_FILE", "first_pass", "load_first_pass", "corpus_signature"]
+__all__ = [
+    "FirstPass",
+    "PLANNED_COLUMNS",
+    "PLAN_DIR",
+    "PLAN_FILE",
+    "first_pass",
+    "load_first_pass",
+    "corpus_signature",
+]
 
 PLAN_DIR = "plan"
 """Folder of the staging's build folder holding the plan."""
@@ -46,6 +55,10 @@ _COLUMNS: dict[str, tuple[str, tuple[int, ...]]] = {
     # first line, line count, first row, row count
     "windows": ("int64", (4,)),
 }
+
+PLANNED_COLUMNS = ("offsets", "lengths", HASHES, TEXT_ENDS, TEXT)
+"""The declared per-sentence columns (:func:`elmo_cache.store.columns.sentence_columns`) the first pass writes,
+as the local writer stages them; the parts write every other declared column."""
 
 
 def corpus_signature(source: Corpus) -> dict[str, Any]:
@@ -103,6 +116,14 @@ class FirstPass:
             first, tokens, self._range("hashes", first, first + count), self._range("lengths", first, first + count)
         )
         return window, self._range("offsets", first, first + count), self._range("new", first, first + count), first_row
+
+    def column(self, spec: Column) -> RawColumn:
+        """The plan's file of the declared column ``spec``, one of :data:`PLANNED_COLUMNS`."""
+        dtype, shape = _COLUMNS[spec.name]
+        # The plan's files stand for the local writer's staged columns: a declaration that changed one's storage
+        # would otherwise finish a cache of other bytes than the local engine's.
+        assert spec.name in PLANNED_COLUMNS and (np.dtype(dtype), shape) == (np.dtype(spec.dtype), spec.row_shape), spec
+        return RawColumn(self.directory / f"{spec.name}.bin", spec.dtype, spec.row_shape)
 
     def _range(self, name: str, start: int, stop: int) -> np.ndarray:
         dtype, shape = _COLUMNS[name]

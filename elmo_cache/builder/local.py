@@ -204,8 +204,6 @@ class LocalEngine:
     """The one-process engine: reader, encoder and writer threads (see the module docstring)."""
 
     name = "local"
-    # Its writer stores what the layout declares: --pool-only builds skip the token rows (engine.Engine).
-    writes_declared_columns = True
 
     def __init__(self, encoder: Encoder | None = None):
         # The encoder given to build(), used instead of loading the model.

@@ -109,7 +109,7 @@ class Plan:
     input_format: str = "lines"
     # Pooled sentence vectors stored beside the token vectors (elmo_cache.rows.pooling.POOLS), None for none.
     pool: str | None = None
-    # --pool-only: the pooled vectors instead of the token vectors (elmo_cache.builder.poolonly).
+    # --pool-only: the pooled vectors instead of the token vectors (its layout has no token rows: Layout.token_rows).
     pool_only: bool = False
     # The model's output width: None until with_model.
     dim: int | None = None

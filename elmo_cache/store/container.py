@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
-    from elmo_cache.store.staging import Layout, Progress, Writer
+    from elmo_cache.store.staging import Layout, Progress, SentenceColumns, Writer
 
 __all__ = [
     "Container",
@@ -141,9 +141,10 @@ class ParallelWriter(Protocol):
     write independently. A build: the driver calls :meth:`create` once (again on resume); every part
     writes its rows through :meth:`part` (in any process that sees the staging folder) and records the
     :class:`PartFiles` it gets back; the driver gives every part's :class:`PartFiles` to :meth:`stitch`,
-    then the per-sentence arrays to :meth:`finish`. The result is byte for byte the cache the
-    container's single :class:`~elmo_cache.store.staging.Writer` writes. Instances are sent to the
-    workers, so they must pickle.
+    then the staged values of the declared per-sentence columns to :meth:`finish`. A layout without token
+    rows (``Layout.token_rows``) has a ``vectors`` of 0 rows: no part writes through :meth:`part`. The
+    result is byte for byte the cache the container's single :class:`~elmo_cache.store.staging.Writer`
+    writes. Instances are sent to the workers, so they must pickle.
     """
 
     def file_rows(self, layout: Layout) -> int:
@@ -169,12 +170,15 @@ class ParallelWriter(Protocol):
         self,
         staging: Path,
         output: Path,
-        arrays: dict[str, np.ndarray],
+        sentences: SentenceColumns,
         metadata: dict[str, Any],
         sums: dict[int, tuple[int, int]],
+        extra: dict[str, np.ndarray] | None = None,
     ) -> Path:
-        """Write the per-sentence ``arrays`` (FORMAT.md's names), the checksums (``sums`` from :meth:`stitch`)
-        and ``metadata`` (``complete: true``) last, then publish the staging at ``output``; returns it."""
+        """Write the per-sentence arrays derived from the declared columns' values in ``sentences``
+        (:meth:`~elmo_cache.store.staging.SentenceColumns.arrays`, as the single writer derives them; ``extra``:
+        optional arrays such as a pq cache's codebooks), the checksums (``sums`` from :meth:`stitch`) and
+        ``metadata`` (``complete: true``) last, then publish the staging at ``output``; returns it."""
         ...
 
 

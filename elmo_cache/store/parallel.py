@@ -4,8 +4,8 @@ A parallel build cuts ``vectors`` into row-files (:meth:`ParallelWriter.file_row
 :class:`RowSink` streams the rows of each file it owns whole into the container's own file stream, and the
 rows of a file it shares with a neighbour into a *fragment* (raw rows under ``.build/fragments/``);
 :func:`stitch_files` later streams each shared file's fragments, in row order, into the same kind of stream.
-:func:`sentence_arrays` gives the per-sentence arrays of FORMAT.md from the raw files a first pass saved,
-the same bytes the single writer's ``small_arrays`` gives, for :meth:`ParallelWriter.finish`.
+:meth:`ParallelWriter.finish` derives the per-sentence arrays as the single writer does, through
+:class:`~elmo_cache.store.staging.SentenceColumns`.
 
 Nothing here knows how a container lays a row-file: that is the ``open_file`` stream it passes in.
 """
@@ -23,10 +23,8 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError, ElmoCacheError
 from elmo_cache.store.container import PartFiles
 from elmo_cache.store.durable import fsync_path
-from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY
-from elmo_cache.store.pooled import pooled_column
-from elmo_cache.store.sentence_index import sort_index
-from elmo_cache.store.staging import Layout, offsets_after_zero
+from elmo_cache.store.format import BUILD_DIR
+from elmo_cache.store.staging import Layout
 
 __all__ = [
     "FRAGMENTS_DIR",
@@ -36,7 +34,6 @@ __all__ = [
     "copy_rows",
     "file_range",
     "fragment_path",
-    "sentence_arrays",
     "stitch_files",
 ]
 
@@ -229,37 +226,3 @@ def stitch_files(
             f"{staging}: vectors files {missing[:10]} were written by no part; rerun with --overwrite"
         )
     return sums
-
-
-def sentence_arrays(
-    work: Path,
-    n_lines: int,
-    offsets: np.ndarray,
-    lengths: np.ndarray,
-    hashes: Callable[[int, int], np.ndarray],
-    text: np.ndarray,
-    text_ends: Path,
-    pooled: tuple[Path, np.dtype, tuple[int, ...]] | None = None,
-    extra: dict[str, np.ndarray] | None = None,
-) -> dict[str, np.ndarray]:
-    """FORMAT.md's per-sentence arrays of ``n_lines`` lines from raw columns: the sentence index sorted in
-    bounded memory from ``hashes(start, stop)``, ``tokens/offsets`` from the ``text_ends`` file, ``extra``
-    (optional arrays such as a pq cache's codebooks) as given, and with ``pooled`` = ``(raw file, dtype,
-    row shape)`` the ``pooled`` array (repeats given their copies). Work files go under ``work``, which must
-    outlive the arrays (some are memory-mapped there)."""
-    work.mkdir(parents=True, exist_ok=True)
-    index_hashes, index_rows = sort_index(hashes, n_lines, work / "index")
-    starts = offsets_after_zero(text_ends, n_lines, work / "offsets.bin")
-    arrays = {
-        "offsets": offsets,
-        "lengths": lengths,
-        "index/hashes": index_hashes,
-        "index/rows": index_rows,
-        "tokens/bytes": text,
-        "tokens/offsets": starts,
-        **(extra or {}),
-    }
-    if pooled is not None:
-        path, dtype, shape = pooled
-        arrays[POOLED_ARRAY] = pooled_column(path, dtype, shape, n_lines, offsets, lengths)
-    return arrays

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import mmap
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +33,14 @@ _COPY_BLOCK = 16 * 2**20
 __all__ = [
     "Layout",
     "Progress",
+    "SentenceColumns",
     "Writer",
     "encode_tokens",
     "sentence_index",
     "offsets_after_zero",
     "array_blocks",
     "load_progress",
+    "staged_column",
 ]
 
 
@@ -171,6 +173,92 @@ class Progress:
             raise CacheFormatError(f"{where}: unreadable build progress ({exc})") from None
 
 
+def staged_column(build_dir: Path, spec: Column) -> RawColumn:
+    """The staging file of declared column ``spec`` in ``build_dir``: one raw file, or one per chunk of the
+    finished array (``spec.staged_in_chunks``), which a container then moves into place instead of copying."""
+    path = build_dir / f"{spec.name.replace('/', '_')}.bin"  # one flat folder
+    if spec.staged_in_chunks and spec.chunk_rows:
+        return ChunkedColumn(path, spec.dtype, spec.row_shape, spec.chunk_rows)
+    return RawColumn(path, spec.dtype, spec.row_shape)
+
+
+class SentenceColumns:
+    """The staged values of every declared per-sentence column (:mod:`elmo_cache.store.columns`) of a build's
+    first ``lines`` sentences, and the arrays of the finished cache derived from them.
+
+    The one derivation of FORMAT.md's per-sentence arrays: the single :class:`Writer` finishes from its own
+    staging files, a container's ``ParallelWriter.finish`` from the files a distributed build's driver names
+    (its first pass's, and the columns its parts wrote, joined), so both give the same bytes. Work files go
+    under ``work``, which must outlive the arrays (some are memory-mapped there).
+    """
+
+    def __init__(self, specs: Iterable[Column], files: Mapping[str, RawColumn], lines: int, work: Path):
+        self.specs: dict[str, Column] = {spec.name: spec for spec in specs}
+        missing = [name for name in self.specs if name not in files]
+        if missing:
+            raise ValueError(f"no staged file for the declared columns {missing}")
+        self.files = dict(files)
+        self.lines = lines
+        self.work = work
+        self._index: tuple[np.ndarray, np.ndarray] | None = None
+
+    def committed(self, spec: Column) -> int:
+        """Values of column ``spec`` for the ``lines`` sentences: one each, or what its sizing column says."""
+        lines = self.lines
+        if spec.sized_by is None:
+            return lines
+        return int(self.files[spec.sized_by].read(lines)[lines - 1]) if lines else 0
+
+    def index(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct hashes and the line of each one's first occurrence.
+
+        Sorted in runs on disk (:func:`~elmo_cache.store.sentence_index.sort_index`): memory does not grow
+        with the corpus.
+        """
+        if self._index is None:
+            self._index = sort_index(self.files[HASHES].read_range, self.lines, self.work / "index")
+        return self._index
+
+    def array_columns(self) -> dict[str, Column]:
+        """The declared column behind each array written as it is (block rows, chunking, optional)."""
+        return {spec.array: spec for spec in self.specs.values() if spec.array is not None}
+
+    def arrays(self, extra: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Every array but ``vectors``, in the order the containers write them (FORMAT.md's, then ``extra``, the
+        optional arrays such as a pq cache's codebooks, then the other declared ones): the declared columns'
+        values (repeats given their copies where declared), and the index and token offsets derived."""
+        n = self.lines
+        hashes, rows = self.index()
+        starts = offsets_after_zero(self.files[TEXT_ENDS].path, n, self.work / "token_offsets.bin")
+        offsets, lengths = self.files["offsets"].read(n), self.files["lengths"].read(n)
+        written: dict[str, Any] = {}
+        for array, spec in self.array_columns().items():
+            column = self.files[spec.name]
+            if spec.copies_repeats:
+                written[array] = rows_with_repeats(column, n, offsets, lengths)
+            else:
+                written[array] = column.read(self.committed(spec))
+        return {
+            "offsets": written.pop("offsets"),
+            "lengths": written.pop("lengths"),
+            "index/hashes": hashes,
+            "index/rows": rows,
+            "tokens/bytes": written.pop("tokens/bytes"),
+            "tokens/offsets": starts,
+            **(extra or {}),
+            **written,
+        }
+
+    def staged_chunks(self, arrays: Mapping[str, Any]) -> dict[str, list[tuple[Path, int]]]:
+        """``(path, rows)`` of each staged chunk file of the arrays whose column is staged in chunks (a container
+        that can moves them into the cache instead of copying them)."""
+        return {
+            array: column.files(len(arrays[array]))
+            for array, spec in self.array_columns().items()
+            if isinstance(column := self.files[spec.name], ChunkedColumn)
+        }
+
+
 class Writer:
     """Common part of the container writers: staging folder, per-sentence columns, progress.
 
@@ -188,7 +276,9 @@ class Writer:
         self.build_dir = self.staging / BUILD_DIR
         self.progress = progress
         self.specs: dict[str, Column] = {spec.name: spec for spec in layout.sentence_columns}
-        self.columns: dict[str, RawColumn] = {name: self._column(spec) for name, spec in self.specs.items()}
+        self.columns: dict[str, RawColumn] = {
+            name: staged_column(self.build_dir, spec) for name, spec in self.specs.items()
+        }
         # Values of each variable-size column (sized_by) committed and appended: the text's bytes.
         self._sizes = dict.fromkeys((name for name, spec in self.specs.items() if spec.sized_by), 0)
         # rows appended since the last commit, beyond progress.rows
@@ -198,12 +288,6 @@ class Writer:
         self.initial_metadata: dict[str, Any] = {}
         # Arrays of store.format.OPTIONAL_ARRAYS the finished cache holds (a pq cache's codebooks), set by the build.
         self.extra_arrays: dict[str, np.ndarray] = {}
-
-    def _column(self, spec: Column) -> RawColumn:
-        path = self.build_dir / f"{spec.name.replace('/', '_')}.bin"  # one flat folder
-        if spec.staged_in_chunks and spec.chunk_rows:
-            return ChunkedColumn(path, spec.dtype, spec.row_shape, spec.chunk_rows)
-        return RawColumn(path, spec.dtype, spec.row_shape)
 
     # The built-in columns by name (store.columns.sentence_columns).
     @property
@@ -257,17 +341,10 @@ class Writer:
         writer._open()
         return writer
 
-    def _committed(self, spec: Column) -> int:
-        """Values of column ``spec`` committed: one per line, or what its sizing column says."""
-        lines = self.progress.lines
-        if spec.sized_by is None:
-            return lines
-        return int(self.columns[spec.sized_by].read(lines)[lines - 1]) if lines else 0
-
     def _open(self) -> None:
         self._recover_columns()
         for name, spec in self.specs.items():  # declared in order: a sizing column is cut before what it sizes
-            committed = self._committed(spec)
+            committed = self.sentences().committed(spec)
             self.columns[name].open(committed)
             if name in self._sizes:
                 self._sizes[name] = committed
@@ -338,48 +415,27 @@ class Writer:
 
     # -- finishing ----------------------------------------------------------------------------
 
-    def index(self) -> tuple[np.ndarray, np.ndarray]:
-        """The sorted distinct hashes and the line of each one's first occurrence.
+    def sentences(self) -> SentenceColumns:
+        """The committed values of the declared columns, from which the finish derives the per-sentence arrays."""
+        cached = getattr(self, "_sentences", None)
+        if cached is None or cached.lines != self.progress.lines:
+            cached = self._sentences = SentenceColumns(
+                self.specs.values(), self.columns, self.progress.lines, self.build_dir
+            )
+        return cached
 
-        Sorted in runs on disk (:func:`~elmo_cache.store.sentence_index.sort_index`): memory does not grow
-        with the corpus.
-        """
-        cached = getattr(self, "_index", None)
-        if cached is not None and cached[0] == self.progress.lines:
-            return cached[1]
-        result = sort_index(self.hashes.read_range, self.progress.lines, self.build_dir / "index")
-        self._index = (self.progress.lines, result)
-        return result
+    def index(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct hashes and the line of each one's first occurrence (:meth:`SentenceColumns.index`)."""
+        return self.sentences().index()
 
     def array_columns(self) -> dict[str, Column]:
         """The declared column behind each array written as it is (block rows, chunking, optional)."""
-        return {spec.array: spec for spec in self.specs.values() if spec.array is not None}
+        return self.sentences().array_columns()
 
     def small_arrays(self) -> dict[str, np.ndarray]:
-        """Every array but ``vectors``, in the order the containers write them (FORMAT.md's, then the
-        optional ones): the declared columns' committed values, and the index and token offsets derived."""
-        n = self.progress.lines
-        hashes, rows = self.index()
-        starts = offsets_after_zero(self.text_ends.path, n, self.build_dir / "token_offsets.bin")
-        offsets, lengths = self.offsets.read(n), self.lengths.read(n)
-        written: dict[str, Any] = {}
-        for array, spec in self.array_columns().items():
-            column = self.columns[spec.name]
-            if spec.copies_repeats:
-                written[array] = rows_with_repeats(column, n, offsets, lengths)
-            else:
-                written[array] = column.read(self._committed(spec))
-        arrays = {
-            "offsets": written.pop("offsets"),
-            "lengths": written.pop("lengths"),
-            "index/hashes": hashes,
-            "index/rows": rows,
-            "tokens/bytes": written.pop("tokens/bytes"),
-            "tokens/offsets": starts,
-            **self.extra_arrays,
-            **written,
-        }
-        return arrays
+        """Every array but ``vectors``, in the order the containers write them (:meth:`SentenceColumns.arrays`,
+        with the build's :attr:`extra_arrays`)."""
+        return self.sentences().arrays(self.extra_arrays)
 
     def committed_key(self, i: int) -> bytes:
         """The stored key (UTF-8 tokens joined by one space) of committed line ``i``."""

@@ -182,7 +182,7 @@ def test_failed_part_is_redone_alone(tiny_model, corpus, reference, tmp_path, mo
             path = staging / "vectors" / "c" / k / "0" / "0"
             kept[k] = path.stat().st_mtime_ns
     assert kept and fragments  # whole files and files shared with a neighbour (stitched at the end)
-    pooled = staging / BUILD_DIR / "pooled"
+    pooled = staging / BUILD_DIR / "columns" / "pooled"
     # Each part's pooled rows are published before its marker (the failing hook runs after, as a death there would).
     assert sorted(p.name for p in pooled.glob("*.bin")) == ["0.bin", "1.bin", "2.bin", "3.bin"]
     monkeypatch.delenv(FAIL_PART_ENV)
@@ -318,12 +318,38 @@ def test_the_driver_loads_no_encoder(tiny_model, tmp_path, monkeypatch):
 
 
 def test_pool_only_byte_equal_to_build(tiny_model, corpus, tmp_path):
-    """--pool-only on the ray engine: its full build is the ray build, so the stripped cache is the local one's."""
+    """--pool-only on the ray engine: a layout without token rows, whose parts write the pooled vectors alone; the
+    cache is the local pool-only build's, byte for byte, and no full cache is ever written beside it."""
     reference = tmp_path / "ref.zarr"
     build(corpus, options(tiny_model, reference, dedupe=True, pool="mean", pool_only=True))
     output = tmp_path / "ray.zarr"
     summary = run(corpus, options(tiny_model, output, dedupe=True, pool="mean", pool_only=True))
     assert summary.engine == "ray" and summary.parts == 4 and summary.n_rows == 0
     assert_same_cache(output, reference)
+    assert not list(tmp_path.glob(".ray.zarr*"))  # the strip's hidden full build is gone
+    assert not (output / "vectors" / "c").exists()
     assert elmo_cache.open(output).metadata["pool"] == {"method": "mean", "dtype": "float32", "only": True}
+    assert verify(output).ok
+
+
+def test_pool_only_failed_part_is_redone_alone(tiny_model, corpus, tmp_path, monkeypatch):
+    """An interrupted --pool-only ray build writes no vectors file and keeps its finished parts' pooled rows; the
+    rerun redoes the failed part alone and ends with the uninterrupted build's cache (the local one's, which
+    test_pool_only_byte_equal_to_build shows is the ray engine's)."""
+    reference = tmp_path / "ref.zarr"
+    build(corpus, options(tiny_model, reference, dedupe=True, pool="mean", pool_only=True))
+    output = tmp_path / "ray.zarr"
+    opts = options(tiny_model, output, dedupe=True, pool="mean", pool_only=True)
+    monkeypatch.setenv(FAIL_PART_ENV, "1")
+    with pytest.raises(ElmoCacheError, match=r"1 of 4 parts .* failed \(part 1 on "):
+        run(corpus, opts)
+    staging = staging_path(output)
+    assert sorted(p.name for p in (staging / BUILD_DIR / "parts").iterdir()) == ["0.done", "2.done", "3.done"]
+    pooled = staging / BUILD_DIR / "columns" / "pooled"
+    assert sorted(p.name for p in pooled.glob("*.bin")) == ["0.bin", "1.bin", "2.bin", "3.bin"]
+    assert not (staging / "vectors" / "c").exists() and not any((staging / BUILD_DIR / "fragments").iterdir())
+    monkeypatch.delenv(FAIL_PART_ENV)
+    summary = run(corpus, opts)
+    assert (summary.parts, summary.parts_run) == (4, 1) and summary.n_rows == 0
+    assert_same_cache(output, reference)
     assert verify(output).ok

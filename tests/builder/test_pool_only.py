@@ -11,13 +11,18 @@ import pytest
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.options import disk_bytes
-from elmo_cache.builder.poolonly import full_output
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store.format import POOL_ONLY_FORMAT_VERSION
 from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
 
 LINES = corpus_lines(30, seed=8)
+
+
+def no_full_cache(output) -> bool:
+    """Nothing but the output's own staging was ever beside it: no hidden full ``--pool`` cache (the strip that
+    wrote one at ``.<name>.pool-only-full<suffix>`` is gone)."""
+    return not list(output.parent.glob(f".{output.name}*"))
 
 
 def _pair(tmp_path, encoder, suffix: str, **extra):
@@ -53,7 +58,7 @@ def test_pooled_rows_are_the_beside_builds_byte_for_byte(tmp_path, tiny_encoder,
     assert (
         meta_o["n_rows"] == 0 and meta_o["n_tokens"] == meta_b["n_tokens"] and meta_o["n_unique"] == meta_b["n_unique"]
     )
-    assert not full_output(only).exists()  # the full build is removed once the strip is published
+    assert no_full_cache(only)
     report = verify(only)
     assert report.ok, report
     b, o = elmo_cache.open(beside), elmo_cache.open(only)
@@ -135,35 +140,8 @@ def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encod
     assert verify(output).ok
 
 
-def test_a_crash_in_the_strip_is_redone(tmp_path, tiny_encoder, monkeypatch):
-    """The fallback of engines that do not write the declared columns (the ray engine): full build, then strip."""
-    import elmo_cache.builder.poolonly as poolonly
-    from elmo_cache.builder.local import LocalEngine
-
-    monkeypatch.setattr(LocalEngine, "writes_declared_columns", False)
-    corpus = write_corpus(tmp_path / "c.txt", LINES)
-    reference, output = tmp_path / "r.h5", tmp_path / "o.h5"
-    build(corpus, BuildOptions(output=reference, pool="max", pool_only=True, progress=False), encoder=tiny_encoder)
-    options = BuildOptions(output=output, pool="max", pool_only=True, progress=False)
-    real = poolonly.key_hash
-
-    def crash(key):
-        raise RuntimeError("simulated crash in the strip")
-
-    monkeypatch.setattr(poolonly, "key_hash", crash)
-    with pytest.raises(RuntimeError, match="in the strip"):
-        build(corpus, options, encoder=tiny_encoder)
-    assert not output.exists() and full_output(output).exists()  # the full build is kept for the retry
-    monkeypatch.setattr(poolonly, "key_hash", real)
-    assert not build(corpus, options, encoder=tiny_encoder).already_complete
-    assert raw_arrays(output)[1]["pooled"].tobytes() == raw_arrays(reference)[1]["pooled"].tobytes()
-    assert not full_output(output).exists()
-
-
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
-def test_a_direct_build_writes_no_full_cache_and_a_crash_in_its_finish_is_redone(
-    tmp_path, tiny_encoder, monkeypatch, suffix
-):
+def test_a_build_writes_no_full_cache_and_a_crash_in_its_finish_is_redone(tmp_path, tiny_encoder, monkeypatch, suffix):
     import elmo_cache.store.hdf5.writer as hdf5_writer
     import elmo_cache.store.zarr.write as zarr_write
 
@@ -171,7 +149,7 @@ def test_a_direct_build_writes_no_full_cache_and_a_crash_in_its_finish_is_redone
     reference, output = tmp_path / f"r{suffix}", tmp_path / f"o{suffix}"
     options = dict(pool="mean", pool_only=True, dedupe=True, progress=False)
     build(corpus, BuildOptions(output=reference, **options), encoder=tiny_encoder)
-    assert not full_output(reference).exists()
+    assert no_full_cache(reference)
     # zarr: after the pooled rows were moved into the group (not copied); HDF5: once cache.h5 is written.
     module, name = (zarr_write, "_write_checksums") if suffix == ".zarr" else (hdf5_writer, "fsync_path")
 
@@ -181,7 +159,7 @@ def test_a_direct_build_writes_no_full_cache_and_a_crash_in_its_finish_is_redone
     monkeypatch.setattr(module, name, crash)
     with pytest.raises(RuntimeError, match="in the finish"):
         build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
-    assert not output.exists() and not full_output(output).exists()
+    assert not output.exists() and no_full_cache(output)
     monkeypatch.undo()
     summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
     assert not summary.already_complete and summary.n_rows == 0
@@ -277,7 +255,7 @@ def test_metadata_of_a_pool_only_cache_is_checked():
 
 
 def test_pre_tokenised_input_with_spaces_in_tokens(tmp_path, tiny_encoder):
-    """The strip splits the stored keys again: token-list keys (tokens holding spaces) must survive it."""
+    """Token-list keys (tokens holding spaces) are stored as the build with token vectors stores them."""
     from elmo_cache.text.corpus import Corpus
 
     sentences = [["New York", "is", "big"], ["New", "York", "is", "big"], ["a b", "c"], [], ["New York", "is", "big"]]

@@ -24,6 +24,7 @@ from elmo_cache import store
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.rows.quantize import Quantization
 from elmo_cache.store import Layout, OutputKind, OutputState, Progress
+from elmo_cache.store.columns import HASHES, TEXT, TEXT_ENDS
 from elmo_cache.store.container import PartFiles
 from elmo_cache.store.format import (
     ARRAYS,
@@ -33,7 +34,7 @@ from elmo_cache.store.format import (
     decode_metadata,
     staging_path,
 )
-from elmo_cache.store.parallel import sentence_arrays
+from elmo_cache.store.staging import SentenceColumns, staged_column
 from elmo_cache.text.tokenize import sentence_hash
 from elmo_cache.verify.checks import verify
 
@@ -283,8 +284,23 @@ class StoreContract:
         meta.pop("checksums")
         tokens = _tokens(sentences)
         hashes = np.array([sentence_hash(t) for t in tokens], dtype=np.uint64)
-        text_ends = tmp_path / "text_ends.bin"
-        np.asarray(arrays["tokens/offsets"])[1:].astype(np.int64).tofile(text_ends)
+        # The declared columns' values as a distributed build's driver stages them, in files of their own.
+        values = {
+            "offsets": arrays["offsets"],
+            "lengths": arrays["lengths"],
+            HASHES: hashes,
+            TEXT_ENDS: np.asarray(arrays["tokens/offsets"])[1:],
+            TEXT: arrays["tokens/bytes"],
+        }
+        work = tmp_path / "work"
+        work.mkdir()
+        files = {}
+        for spec in layout.sentence_columns:
+            files[spec.name] = column = staged_column(work, spec)
+            column.open(0)
+            column.append(np.asarray(values[spec.name]))
+            column.sync()
+            column.close()
 
         other = tmp_path / "parallel" / output.name
         other.parent.mkdir()
@@ -304,15 +320,7 @@ class StoreContract:
         assert parts == [written[c] for c in cuts[:-1]]
         sums = writer.stitch(staging, layout, n_rows, parts)
         assert sorted(sums) == list(range(-(-n_rows // file_rows)))
-        small = sentence_arrays(
-            tmp_path / "work",
-            n_lines,
-            np.asarray(arrays["offsets"]),
-            np.asarray(arrays["lengths"]),
-            lambda a, b: hashes[a:b],
-            np.asarray(arrays["tokens/bytes"]),
-            text_ends,
-        )
+        small = SentenceColumns(layout.sentence_columns, files, n_lines, work)
         assert writer.finish(staging, other, small, meta, sums) == other
         assert not staging.exists()
         assert _store_files(other) == _store_files(output)

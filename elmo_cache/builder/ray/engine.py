@@ -16,8 +16,15 @@ It writes the cache ``build()`` writes, byte for byte on the same device type, i
    each on CUDA); actors return small status rows only, vectors never pass through the object
    store. A failing part is reported, the others finish.
 4. **Finish** (driver, :mod:`~elmo_cache.builder.ray.stitch`): fragments stitched into their files, the
-   small arrays written, checksums, ``complete: true`` last, rename to the output (the container's
-   ``ParallelWriter.stitch`` and ``finish``).
+   parts' values of the declared per-sentence columns (:mod:`~elmo_cache.builder.ray.columns`) joined in line
+   order, the small arrays derived from the declared columns as the single writer derives them
+   (:class:`~elmo_cache.store.staging.SentenceColumns`), checksums, ``complete: true`` last, rename to the
+   output (the container's ``ParallelWriter.stitch`` and ``finish``).
+
+The per-sentence columns are the layout's declarations (``Layout.sentence_columns``): the first pass writes the
+built-in ones, the parts every other one (``--pool``'s pooled vectors). A layout without token rows
+(``--pool-only``) writes no ``vectors`` row: the parts encode and write their columns only, and the offsets
+count the rows a build with them would have, as the local engine's.
 
 The engine knows no store format: it writes through the container's ``parallel_writer()`` and refuses a
 container that has none.
@@ -206,6 +213,9 @@ class RayRun:
         self.writer = writer
         file_rows = writer.file_rows(layout)
         self.progress = Progress(identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens)
+        # The rows of ``vectors``: none for a layout without token rows (--pool-only), whose offsets still address
+        # the rows a build with them would have (first.n_rows), as the local writer's do.
+        self.stored_rows = stored_rows = first.n_rows if layout.token_rows else 0
         self.build_info: dict[str, Any] = {
             "args": options_json(options),
             "input": job.source.describe(),
@@ -215,7 +225,7 @@ class RayRun:
         writer.create(
             staging,
             layout,
-            first.n_rows,
+            stored_rows,
             metadata(ident, self.progress, complete=False, n_unique=0, build_info=self.build_info),
         )
         (staging / BUILD_DIR / PARTS_DIR).mkdir(parents=True, exist_ok=True)
@@ -235,7 +245,7 @@ class RayRun:
             staging,
             plan,
             layout,
-            first.n_rows,
+            stored_rows,
             writer,
             job.model_files,
             # An actor with one GPU sees only that one (Ray sets CUDA_VISIBLE_DEVICES): "cuda", whatever index asked.
@@ -288,7 +298,7 @@ class RayRun:
             parts_seconds=round(self.parts_seconds, 3),
             parts_tokens_per_s=round(tokens_run / self.parts_seconds, 1) if self.parts_seconds > 0 else None,
         )
-        sums = stitch(self.writer, self.staging, self.layout, first, self.specs)
+        sums = stitch(self.writer, self.staging, self.layout, self.stored_rows, self.specs)
 
         def meta_of(n_unique: int) -> dict[str, Any]:
             seconds = time.monotonic() - began
@@ -301,7 +311,8 @@ class RayRun:
             }
             return metadata(self.job.identity, self.progress, complete=True, n_unique=n_unique, build_info=build_info)
 
-        extra = final_arrays(self.staging, self.job.plan, self.job.model.output_dim)
+        # A pool-only cache holds no codebooks: it has no codes (as the local engine).
+        extra = final_arrays(self.staging, self.job.plan, self.job.model.output_dim) if self.layout.token_rows else {}
         path, n_unique = publish(
             self.writer, self.staging, self.job.plan.output, first, sums, meta_of, self.layout, self.specs, extra
         )
@@ -309,7 +320,7 @@ class RayRun:
             path,
             first.n_lines,
             first.n_tokens,
-            first.n_rows,
+            self.stored_rows,
             n_unique,
             time.monotonic() - began,
             tokens_run,

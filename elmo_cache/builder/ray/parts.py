@@ -1,12 +1,14 @@
 """The ray engine's unit of work, a *part*: how the windows are cut into parts, and what a worker does with one.
 
-A part is a run of consecutive windows (:func:`cut_parts`), cut where possible at row-file
-boundaries (the container's ``ParallelWriter.file_rows``: for zarr, one shard of ``vectors``). A part owns every file
-whose rows all lie in its range and writes it whole; rows of a file shared with a neighbour go to a
-small fragment file. How a file or a fragment is written is the container's business: a part puts its rows
-into the sink its :class:`~elmo_cache.store.container.ParallelWriter` gives (:meth:`~ParallelWriter.part`).
-When its files are durable, the part writes its marker ``.build/parts/<i>.done`` (atomically), holding
-each file's size and CRC-32 and its fragments (:class:`~elmo_cache.store.container.PartFiles`).
+A part is a run of consecutive windows (:func:`cut_parts`), cut where possible at row-file boundaries (the
+container's ``ParallelWriter.file_rows``: for zarr, one shard of ``vectors``). A part owns every file whose rows
+all lie in its range and writes it whole; rows of a file shared with a neighbour go to a small fragment file.
+How a file or a fragment is written is the container's business: a part puts its rows into the sink its
+:class:`~elmo_cache.store.container.ParallelWriter` gives (:meth:`~ParallelWriter.part`). Beside them it writes
+its values of the declared per-sentence columns the first pass does not hold (:mod:`~elmo_cache.builder.ray.columns`:
+the pooled vectors); a layout without token rows (``--pool-only``) writes those values alone. When its files are
+durable, the part writes its marker ``.build/parts/<i>.done`` (atomically), holding each file's size and CRC-32
+and its fragments (:class:`~elmo_cache.store.container.PartFiles`).
 
 :class:`PartWriter` is the callable class Ray Data runs in each actor; nothing here imports Ray.
 """
@@ -19,6 +21,7 @@ import os
 import socket
 import time
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +31,11 @@ import numpy as np
 from elmo_cache.builder.encoding import WindowEncoder
 from elmo_cache.builder.firstpass import PLAN_DIR, FirstPass, load_first_pass
 from elmo_cache.builder.plan import Plan
-from elmo_cache.builder.ray.pooled_parts import PooledPart
+from elmo_cache.builder.ray.columns import PartColumns, part_columns
 from elmo_cache.errors import CacheFormatError, ElmoCacheError
-from elmo_cache.store.container import ParallelWriter
+from elmo_cache.store.container import ParallelWriter, PartFiles
 from elmo_cache.store.durable import atomic_write_json
-from elmo_cache.store.format import BUILD_DIR
+from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY
 from elmo_cache.store.staging import Layout
 
 __all__ = ["FAIL_PART_ENV", "PARTS_DIR", "PartJob", "PartSpec", "PartWriter", "cut_parts", "marker_path", "run_part"]
@@ -105,7 +108,7 @@ class PartJob:
     plan: Plan
     # The vectors' layout in the store.
     layout: Layout
-    # Rows of the whole cache.
+    # Rows of ``vectors`` in the cache: 0 for a layout without token rows (--pool-only).
     n_rows: int
     # How the container's files are written by several workers (its Container.parallel_writer()).
     writer: ParallelWriter
@@ -124,25 +127,32 @@ class PartJob:
 
 
 def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpec) -> dict[str, Any]:
-    """Encode one part, write its vectors files and fragments, then its marker; returns its status."""
+    """Encode one part, write its vectors files and fragments (none for a layout without token rows) and its
+    values of the declared columns the parts write, then its marker; returns its status."""
     import torch
 
     begin = time.monotonic()
     tokens = encoded = 0
-    pooled = PooledPart(job.staging, spec.index) if job.layout.pooled_shape is not None else None
-    with job.writer.part(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row) as sink:
+    with ExitStack() as stack:
+        columns = stack.enter_context(PartColumns(job.staging, spec.index, part_columns(job.layout)))
+        sink = None
+        if job.layout.token_rows:
+            sink = stack.enter_context(
+                job.writer.part(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row)
+            )
         with torch.inference_mode():
             for w in range(spec.first_window, spec.end_window):
                 window, offsets, new, first_row = plan.window(w)
                 vectors, window_pooled, count = encode.encode(window.tokens, window.lengths, offsets, new, first_row)
-                sink.add(vectors)
-                if pooled is not None and window_pooled is not None:
-                    pooled.add(window_pooled)
+                if sink is not None:
+                    sink.add(vectors)
+                # The encoding's values of the declared columns, by name (today the pooled vectors alone).
+                values = {} if window_pooled is None else {POOLED_ARRAY: window_pooled}
+                columns.add(values, len(window.lengths))
                 tokens += int(window.lengths.sum(dtype=np.int64))
                 encoded += count
-        written = sink.finish()
-    if pooled is not None:
-        pooled.close()  # durable at its final name before the marker says the part is done
+        written = sink.finish() if sink is not None else PartFiles({}, ())
+        columns.finish()  # durable at their final names before the marker says the part is done
     if job.fail_part == spec.index:
         raise ElmoCacheError(f"part {spec.index} failed on purpose ({FAIL_PART_ENV}, a test hook)")
     seconds = time.monotonic() - begin

@@ -4,7 +4,8 @@ Shards are independent files, so workers write the ones whose rows they own, who
 (:class:`~elmo_cache.store.zarr.vectors_file.VectorsFileStream`, the bytes ``write_vectors_file`` writes),
 and the driver stitches the shared ones from their fragments through the same stream. The group is
 created (:func:`~elmo_cache.store.zarr.write.create_group`) before any part runs and finished
-(:func:`~elmo_cache.store.zarr.write.finish_group`) as the single writer finishes it, so both builds write
+(:func:`~elmo_cache.store.zarr.write.finish_sentences`) as the single writer finishes it, from the same
+declared columns (:class:`~elmo_cache.store.staging.SentenceColumns`), so both builds write
 the same cache, byte for byte.
 """
 
@@ -19,9 +20,9 @@ import numpy as np
 from elmo_cache.store.container import PartFiles
 from elmo_cache.store.format import BUILD_DIR
 from elmo_cache.store.parallel import FRAGMENTS_DIR, RowSink, stitch_files
-from elmo_cache.store.staging import Layout
+from elmo_cache.store.staging import Layout, SentenceColumns
 from elmo_cache.store.zarr.vectors_file import VectorsFileStream
-from elmo_cache.store.zarr.write import create_group, finish_group, vectors_file_rows
+from elmo_cache.store.zarr.write import create_group, finish_sentences, vectors_file_rows
 
 __all__ = ["ZarrParallelWriter"]
 
@@ -48,8 +49,9 @@ class ZarrParallelWriter:
         self,
         staging: Path,
         output: Path,
-        arrays: dict[str, np.ndarray],
+        sentences: SentenceColumns,
         metadata: dict[str, Any],
         sums: dict[int, tuple[int, int]],
+        extra: dict[str, np.ndarray] | None = None,
     ) -> Path:
-        return finish_group(staging, output, arrays, metadata, sums)
+        return finish_sentences(staging, output, sentences, sentences.arrays(extra), metadata, sums)

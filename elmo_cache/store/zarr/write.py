@@ -38,7 +38,7 @@ from elmo_cache.store.format import (
     metadata_checksum,
 )
 from elmo_cache.store.pooled import pooled_block_rows, pooled_chunk_rows
-from elmo_cache.store.staging import Layout, array_blocks
+from elmo_cache.store.staging import Layout, SentenceColumns, array_blocks
 from elmo_cache.store.zarr.maps import _ABSENT
 from elmo_cache.store.zarr.read import _read_json
 
@@ -49,6 +49,7 @@ __all__ = [
     "file_checksum",
     "create_group",
     "finish_group",
+    "finish_sentences",
     "vectors_file_path",
     "vectors_file_rows",
     "write_vectors_file",
@@ -422,3 +423,18 @@ def finish_group(
     fsync_path(output.parent, directory=True)
     shutil.rmtree(output / BUILD_DIR, ignore_errors=True)
     return output
+
+
+def finish_sentences(
+    staging: Path,
+    output: Path,
+    sentences: SentenceColumns,
+    arrays: dict[str, np.ndarray],
+    metadata: dict[str, Any],
+    vector_sums: dict[int, tuple[int, int]] | None = None,
+) -> Path:
+    """:func:`finish_group` with the per-sentence ``arrays`` derived from ``sentences``
+    (:meth:`SentenceColumns.arrays`), their declarations, and the columns staged in chunks moved into the
+    group: how the single writer and the parallel writer both finish."""
+    columns = sentences.array_columns()
+    return finish_group(staging, output, arrays, metadata, vector_sums, columns, sentences.staged_chunks(arrays))

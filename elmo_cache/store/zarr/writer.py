@@ -22,7 +22,7 @@ from elmo_cache.store.zarr.write import (
     _sums_path,
     _write_file_body,
     create_group,
-    finish_group,
+    finish_sentences,
     staged_chunk_path,
     vectors_file_path,
     vectors_file_rows,
@@ -223,12 +223,7 @@ class ZarrWriter(Writer):
             sums[k] = self._finish_file(k, rows)
             # Compressed: the raw rows stay until the build folder goes, in case finishing fails.
             _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
-        small = self.small_arrays()
-        columns = self.array_columns()
-        staged = {
-            array: column.files(len(small[array]))
-            for array, spec in columns.items()
-            if isinstance(column := self.columns[spec.name], ChunkedColumn)
-        }
+        sentences = self.sentences()
+        small = sentences.arrays(self.extra_arrays)
         self.close()
-        return finish_group(self.staging, self.output, small, metadata, sums, columns, staged)
+        return finish_sentences(self.staging, self.output, sentences, small, metadata, sums)
