@@ -104,12 +104,12 @@ def export(
     """
     import h5py
 
-    import elmo_cache
+    from elmo_cache.reader.cache import open as open_cache
 
     output = Path(output)
     if output.exists() and not overwrite:
         raise CacheExistsError(f"{output} exists; pass --overwrite to replace it")
-    with elmo_cache.open(cache) as opened:
+    with open_cache(cache) as opened:
         if opened.pool_only:  # checked before anything is written
             raise InvalidParameterError(
                 f"cache: {opened.path} stores only pooled sentence vectors (--pool-only), no token vectors to "
