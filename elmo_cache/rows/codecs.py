@@ -190,6 +190,43 @@ class RowCodec(Protocol):
         ...
 
 
+class QuantizedCodec:
+    """What the quantised codecs share: codes stored, float32 read back, and their ``quantize`` and
+    ``dequantize`` as the codec's ``encode`` and ``decode``. A subclass defines those two."""
+
+    @property
+    def quantized(self) -> bool:
+        return True
+
+    @property
+    def read_dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def exact_pool(self) -> bool:
+        # A pool recomputed from decoded rows is not the pool of the floats the build had.
+        return False
+
+    def quantize(self, x: torch.Tensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def dequantize(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def encode(self, x: torch.Tensor) -> np.ndarray:
+        """:meth:`quantize`."""
+        return self.quantize(x)
+
+    def decode(self, rows: np.ndarray) -> np.ndarray:
+        """:meth:`dequantize`."""
+        return self.dequantize(rows)
+
+    def decoder(self, read: Callable[[int, int], np.ndarray]) -> Callable[[int, int], np.ndarray]:
+        """A row reader ``read(start, stop)`` of stored rows turned into one of decoded float32 rows."""
+        dequantize = self.dequantize
+        return lambda start, stop: dequantize(read(start, stop))
+
+
 class UndecodedSentence:
     """One sentence of a quantised cache, undecoded: numpy sees its decoded float32 values
     (``np.asarray(item)`` is ``cache[i]``); a subclass says how it decodes, what shape that gives, and may

@@ -23,14 +23,14 @@ faiss, so that a build needs faiss only to train.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError, InvalidParameterError
-from elmo_cache.rows.codecs import CodecEntry, UndecodedSentence, invalid_option, register_builtin
+from elmo_cache.rows.codecs import CodecEntry, QuantizedCodec, UndecodedSentence, invalid_option, register_builtin
 from elmo_cache.store.format import CODEBOOKS as CODEBOOKS_ARRAY
 from elmo_cache.store.format import OPQ_ROTATION
 
@@ -108,7 +108,7 @@ class Training:
 
 
 @dataclass(frozen=True)
-class ProductQuantization:
+class ProductQuantization(QuantizedCodec):
     """How a cache's vectors are product-quantised, and the code that writes and reads them (FORMAT.md): the
     pq and opq :class:`~elmo_cache.rows.codecs.RowCodec`."""
 
@@ -147,20 +147,8 @@ class ProductQuantization:
         return PQ_DTYPE
 
     @property
-    def quantized(self) -> bool:
-        return True
-
-    @property
-    def read_dtype(self) -> np.dtype:
-        return np.dtype(np.float32)
-
-    @property
     def training_vectors(self) -> int | None:
         return self.training.vectors
-
-    @property
-    def exact_pool(self) -> bool:
-        return False
 
     def rounding_step(self, scale: float) -> float | None:
         # Nearest centroids: no bound a pool recomputed from them could be held to.
@@ -334,10 +322,6 @@ class ProductQuantization:
             out[:, start : start + step] = dist.argmin(dim=-1).to(torch.uint8)
         return out.transpose(0, 1).cpu().numpy().reshape(*x.shape[:-1], self.m)
 
-    def encode(self, x: torch.Tensor) -> np.ndarray:
-        """:meth:`quantize`."""
-        return self.quantize(x)
-
     # -- reading ----------------------------------------------------------------------------------
 
     def for_reading(
@@ -353,10 +337,6 @@ class ProductQuantization:
         if array is None:
             return self
         return self.with_codebooks(np.asarray(array[...]), f"array {CODEBOOKS_ARRAY!r}")
-
-    def decode(self, rows: np.ndarray) -> np.ndarray:
-        """:meth:`dequantize`."""
-        return self.dequantize(rows)
 
     def pad(self, items: Sequence[Any], max_tokens: int) -> torch.Tensor:
         return pad_pq(items, max_tokens)
@@ -399,11 +379,6 @@ class ProductQuantization:
             for slot in range(self.slots):  # strided views: BLAS reads and writes them in place, no copies
                 np.matmul(rotated[:, slot], rotation[slot], out=out[:, slot])
         return out.reshape(*rows.shape[:-1], self.dim)
-
-    def decoder(self, read: Callable[[int, int], np.ndarray]) -> Callable[[int, int], np.ndarray]:
-        """A row reader ``read(start, stop)`` of stored rows turned into one of decoded float32 rows."""
-        dequantize = self.dequantize
-        return lambda start, stop: dequantize(read(start, stop))
 
     def raw(self, rows: np.ndarray) -> PQSentence:
         """Stored rows (e.g. one sentence's ``(n_layers, n_tokens, m)``) as their codes, undecoded."""

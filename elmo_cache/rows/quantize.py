@@ -21,14 +21,14 @@ before anything is cast (``--fp16`` does not combine with it: the codes are the 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.rows.codecs import CodecEntry, UndecodedSentence, invalid_option, register_builtin
+from elmo_cache.rows.codecs import CodecEntry, QuantizedCodec, UndecodedSentence, invalid_option, register_builtin
 from elmo_cache.store.format import QUANTIZED_DTYPE, SCALE_BYTES
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ assert sys.byteorder == "little", "quantised caches are written on little-endian
 
 
 @dataclass(frozen=True)
-class Quantization:
+class Quantization(QuantizedCodec):
     """How a cache's vectors are quantised to int8, and the code that writes and reads them (FORMAT.md): the
     int8 :class:`~elmo_cache.rows.codecs.RowCodec`."""
 
@@ -71,20 +71,8 @@ class Quantization:
         return QUANTIZED_DTYPE
 
     @property
-    def quantized(self) -> bool:
-        return True
-
-    @property
-    def read_dtype(self) -> np.dtype:
-        return np.dtype(np.float32)
-
-    @property
     def training_vectors(self) -> int | None:
         return None
-
-    @property
-    def exact_pool(self) -> bool:
-        return False
 
     def rounding_step(self, scale: float) -> float | None:
         # The vector's scale is its largest magnitude over 127 (a code step; rounding is half of it).
@@ -135,10 +123,6 @@ class Quantization:
         out[..., self.dim :] = scale.cpu().numpy().astype("<f4").view(np.int8)
         return out
 
-    def encode(self, x: torch.Tensor) -> np.ndarray:
-        """:meth:`quantize`."""
-        return self.quantize(x)
-
     def train(self, sample: np.ndarray) -> Quantization:
         return self
 
@@ -179,15 +163,6 @@ class Quantization:
         out = np.empty(codes.shape, dtype=np.float32)
         np.multiply(codes, scales[..., None], out=out, dtype=np.float32)
         return out
-
-    def decode(self, rows: np.ndarray) -> np.ndarray:
-        """:meth:`dequantize`."""
-        return self.dequantize(rows)
-
-    def decoder(self, read: Callable[[int, int], np.ndarray]) -> Callable[[int, int], np.ndarray]:
-        """A row reader ``read(start, stop)`` of stored rows turned into one of decoded float32 rows."""
-        dequantize = self.dequantize
-        return lambda start, stop: dequantize(read(start, stop))
 
     def raw(self, rows: np.ndarray) -> QuantizedSentence:
         """Stored rows (any leading axes, e.g. one sentence's ``(n_layers, n_tokens, dim + 4)``) as their codes
