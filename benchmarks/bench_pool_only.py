@@ -8,7 +8,8 @@ For both containers it builds the corpus three times with the same model (``--fp
 ``--pool``, with ``--pool mean`` (the pooled vectors beside the token vectors) and with ``--pool mean --pool-only``,
 and prints each cache's size on disk in bytes per sentence (the figures in docs/FORMAT.md, "Pool-only caches"),
 its build time, and the peak disk of the build: the bytes of every file in its folder (output, staging, lock),
-sampled every few milliseconds while it runs, divided by the finished cache's size.
+sampled every few milliseconds while it runs, divided by the finished cache's size; both as the files' apparent
+sizes (``st_size``) and as the blocks they hold (``st_blocks``: what fills a disk; it differs for sparse files).
 """
 
 from __future__ import annotations
@@ -28,31 +29,47 @@ from elmo_cache.builder.options import disk_bytes
 _SAMPLE_SECONDS = 0.002
 
 
-def folder_bytes(folder: Path) -> int:
-    """Bytes of every regular file under ``folder`` (files vanishing meanwhile count as gone)."""
-    total = 0
+def folder_bytes(folder: Path) -> tuple[int, int]:
+    """Apparent bytes (``st_size``) and allocated bytes (``st_blocks``) of every regular file under ``folder``
+    (files vanishing meanwhile count as gone)."""
+    size = blocks = 0
     for directory, _, names in os.walk(folder):
         for name in names:
             try:
-                total += os.stat(os.path.join(directory, name)).st_size
+                st = os.stat(os.path.join(directory, name))
             except FileNotFoundError:
                 continue
-    return total
+            size += st.st_size
+            blocks += st.st_blocks * 512
+    return size, blocks
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes of disk the files at ``path`` (a file or a folder) hold."""
+    if path.is_file():
+        return path.stat().st_blocks * 512
+    return folder_bytes(path)[1]
 
 
 class PeakDisk:
-    """The largest :func:`folder_bytes` of ``folder`` seen while the ``with`` block runs (a sampling thread)."""
+    """The largest :func:`folder_bytes` of ``folder`` seen while the ``with`` block runs (a sampling thread):
+    ``peak`` apparent, ``peak_blocks`` allocated (each its own maximum)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.peak = 0
+        self.peak_blocks = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, folder_bytes(self.folder))
+            self._update()
             time.sleep(_SAMPLE_SECONDS)
+
+    def _update(self) -> None:
+        size, blocks = folder_bytes(self.folder)
+        self.peak, self.peak_blocks = max(self.peak, size), max(self.peak_blocks, blocks)
 
     def __enter__(self) -> PeakDisk:
         self._thread.start()
@@ -61,7 +78,7 @@ class PeakDisk:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, folder_bytes(self.folder))
+        self._update()
 
 
 def generated_corpus(path: Path, lines: int, seed: int = 0) -> Path:
@@ -106,11 +123,13 @@ def main() -> None:
                 with PeakDisk(folder) as peak:
                     summary = build(corpus, options)
                 size = disk_bytes(summary.path)
+                allocated = allocated_bytes(summary.path)
                 print(
                     f"{suffix:6} {name:12} {summary.n_sentences:,} sentences, {summary.n_tokens:,} tokens, "
                     f"{summary.n_rows:,} rows: {size:,} bytes, {size / summary.n_sentences:,.1f} per sentence "
                     f"({time.monotonic() - began:.1f} s); peak disk while building {peak.peak:,} bytes, "
-                    f"{peak.peak / size:.3f}x the cache",
+                    f"{peak.peak / size:.3f}x the cache (allocated: peak {peak.peak_blocks:,} bytes, "
+                    f"{peak.peak_blocks / allocated:.3f}x the cache's {allocated:,})",
                     flush=True,
                 )
 

@@ -6,6 +6,7 @@ replaced atomically, and an append-only column is cut back to its committed size
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from pathlib import Path
@@ -106,13 +107,55 @@ class RawColumn:
 class ChunkedColumn(RawColumn):
     """A :class:`RawColumn` kept as files of ``file_rows`` items each: ``path`` holds the first, ``<stem>.<k>.bin``
     the ``k``-th. A container publishes such files as the chunk files of the finished array by renaming them
-    (:meth:`chunk_files`), so the column is never copied."""
+    (:meth:`chunk_files`), so the column is never copied.
 
-    def __init__(self, path: Path, dtype: str, item_shape: tuple[int, ...], file_rows: int):
+    With ``grow_every``, the files grow instead: ``grow_every`` files of ``file_rows`` items, as many of twice
+    that, and so on up to ``max_file_rows``, so a file stays a small share (1/``grow_every`` to
+    2/``grow_every``) of the column however long it gets, and a small column is still several files (the HDF5
+    finish copies such a column a file at a time and deletes each file copied)."""
+
+    def __init__(
+        self,
+        path: Path,
+        dtype: str,
+        item_shape: tuple[int, ...],
+        file_rows: int,
+        *,
+        grow_every: int | None = None,
+        max_file_rows: int | None = None,
+    ):
         super().__init__(path, dtype, item_shape)
-        self.file_rows = int(file_rows)
+        self.file_rows = int(file_rows)  # items of the first file (of every file without grow_every)
+        if self.file_rows < 1 or (grow_every is not None and grow_every < 1):
+            raise ValueError(f"{path}: a chunked column needs at least one item per file and per size step")
+        self.grow_every = grow_every
+        self.max_file_rows = max(self.file_rows, int(max_file_rows or self.file_rows))
+        self._starts = [0]  # first item of each file whose start was asked for (growing files)
         self._k = 0  # the file being appended to
         self._in_file = 0  # its items
+
+    def rows_in_file(self, k: int) -> int:
+        """Items file ``k`` holds once full."""
+        if self.grow_every is None:
+            return self.file_rows
+        return min(self.max_file_rows, self.file_rows << min(k // self.grow_every, 62))
+
+    def file_start(self, k: int) -> int:
+        """The column's first item in file ``k``."""
+        if self.grow_every is None:
+            return k * self.file_rows
+        while len(self._starts) <= k:
+            self._starts.append(self._starts[-1] + self.rows_in_file(len(self._starts) - 1))
+        return self._starts[k]
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(k, j)``: item ``i`` is item ``j`` of file ``k`` (an item just past a full file is item 0 of the next)."""
+        if self.grow_every is None:
+            return divmod(i, self.file_rows)
+        while self._starts[-1] <= i:
+            self.file_start(len(self._starts))
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
 
     def file_path(self, k: int) -> Path:
         """Where file ``k`` of the column lives while the build runs."""
@@ -120,20 +163,23 @@ class ChunkedColumn(RawColumn):
 
     def files(self, count: int) -> list[tuple[Path, int]]:
         """``(path, items)`` of each file holding the first ``count`` items."""
-        return [
-            (self.file_path(k), min(self.file_rows, count - k * self.file_rows))
-            for k in range(-(-count // self.file_rows))
-        ]
+        out = []
+        k = 0
+        while self.file_start(k) < count:
+            out.append((self.file_path(k), min(self.rows_in_file(k), count - self.file_start(k))))
+            k += 1
+        return out
 
     def open(self, committed_items: int) -> None:
-        full, rest = divmod(committed_items, self.file_rows)
+        full, rest = self.locate(committed_items)
         for k in range(full):
             path = self.file_path(k)
-            if not path.is_file() or path.stat().st_size < self.file_rows * self.item_bytes:
+            want = self.rows_in_file(k) * self.item_bytes
+            if not path.is_file() or path.stat().st_size < want:
                 raise CacheFormatError(
                     f"{path}: missing or short, but {committed_items} items were committed; staging is damaged"
                 )
-            os.truncate(path, self.file_rows * self.item_bytes)  # a published last chunk was padded
+            os.truncate(path, want)  # a published last chunk was padded
         k = full
         while True:  # files past the committed items are garbage of a killed build
             later = self.file_path(k + 1)
@@ -152,12 +198,12 @@ class ChunkedColumn(RawColumn):
         array = np.ascontiguousarray(data, dtype=self.dtype)
         done = 0
         while done < len(array):
-            if self._in_file == self.file_rows:  # the file is full: the next one begins
+            if self._in_file == self.rows_in_file(self._k):  # the file is full: the next one begins
                 self.sync()
                 self.close()
                 self._k, self._in_file = self._k + 1, 0
                 self._file = open(self.file_path(self._k), "wb")  # noqa: SIM115 - held open across appends
-            take = min(len(array) - done, self.file_rows - self._in_file)
+            take = min(len(array) - done, self.rows_in_file(self._k) - self._in_file)
             super().append(array[done : done + take])
             done += take
             self._in_file += take
@@ -170,12 +216,16 @@ class ChunkedColumn(RawColumn):
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         parts = []
-        for k in range(start // self.file_rows, -(-stop // self.file_rows) if stop > start else 0):
-            a, b = max(start, k * self.file_rows), min(stop, (k + 1) * self.file_rows)
-            offset = (a - k * self.file_rows) * self.item_bytes
+        k = self.locate(start)[0] if stop > start else 0
+        while stop > start and self.file_start(k) < stop:
+            first = self.file_start(k)
+            a, b = max(start, first), min(stop, first + self.rows_in_file(k))
             count = (b - a) * max(1, self.item_bytes // self.dtype.itemsize)
-            data = np.fromfile(self.file_path(k), dtype=self.dtype, count=count, offset=offset)
+            data = np.fromfile(self.file_path(k), dtype=self.dtype, count=count, offset=(a - first) * self.item_bytes)
+            if data.size != count:
+                raise CacheFormatError(f"{self.file_path(k)}: shorter than the items {a} to {b} it should hold")
             parts.append(data.reshape(b - a, *self.item_shape))
+            k += 1
         return np.concatenate(parts) if parts else np.empty((0, *self.item_shape), dtype=self.dtype)
 
 
@@ -196,7 +246,7 @@ class ChunkedRows:
 
     def _map(self, k: int) -> np.memmap:
         if k not in self._maps:
-            rows = min(self.column.file_rows, self.shape[0] - k * self.column.file_rows)
+            rows = min(self.column.rows_in_file(k), self.shape[0] - self.column.file_start(k))
             shape = (rows, *self.shape[1:])
             self._maps[k] = np.memmap(self.column.file_path(k), dtype=self.dtype, mode="r+", shape=shape)
         return self._maps[k]
@@ -206,11 +256,11 @@ class ChunkedRows:
             start, stop, step = key.indices(self.shape[0])
             assert step == 1, "rows are read in runs"
             return self.column.read_range(start, stop)
-        k, i = divmod(int(key), self.column.file_rows)
+        k, i = self.column.locate(int(key))
         return np.array(self._map(k)[i])
 
     def __setitem__(self, key: int, value: np.ndarray) -> None:
-        k, i = divmod(int(key), self.column.file_rows)
+        k, i = self.column.locate(int(key))
         self._map(k)[i] = value
 
     def flush(self) -> None:

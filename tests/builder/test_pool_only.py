@@ -305,3 +305,85 @@ def test_verify_accepts_rowless_offsets_only_for_a_pool_only_cache(tmp_path, tin
         assert report.problems == ["vectors has 3 rows in a --pool-only cache (pool.only), which stores none"]
     finally:
         close()
+
+
+def _hdf5_layout(path) -> dict:
+    """The file's size and each dataset's offset, size and bytes: what "the same bytes" of an HDF5 cache means."""
+    import h5py
+
+    raw = path.read_bytes()
+    layout: dict = {"file size": len(raw)}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            offset, size = obj.id.get_offset(), obj.id.get_storage_size()
+            layout[name] = (offset, size, raw[offset : offset + size] if offset is not None else b"")
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return layout
+
+
+@pytest.mark.parametrize(("files_copied", "restored_first"), [(1, 0), (3, 0), (3, 2), (5, 1)])
+def test_an_hdf5_finish_deletes_the_staged_rows_as_it_copies_and_a_crash_in_it_is_redone(
+    tmp_path, tiny_encoder, monkeypatch, files_copied, restored_first
+):
+    """The finish dies with ``files_copied`` staged files of ``pooled`` copied into cache.h5 (and deleted) and the
+    next file's rows written; the next run writes them back from cache.h5 (dying once more after
+    ``restored_first`` of them when not 0) and ends with the bytes of an uninterrupted build."""
+    import elmo_cache.store.hdf5.writer as hdf5_writer
+    from elmo_cache.store.format import BUILD_DIR, staging_path
+
+    corpus = write_corpus(tmp_path / "c.txt", LINES)
+    reference, output = tmp_path / "r.h5", tmp_path / "o.h5"
+    options = dict(pool="mean", pool_only=True, dedupe=True, progress=False)
+    build(corpus, BuildOptions(output=reference, **options), encoder=tiny_encoder)  # the default staged files
+    pooled = raw_arrays(reference)[1]["pooled"]
+    row_bytes = pooled.nbytes // len(pooled)
+    # Staged files of 1, 1, 2, 2, 4, 4, ... rows.
+    monkeypatch.setattr(hdf5_writer, "_FIRST_FILE_BYTES", row_bytes)
+    monkeypatch.setattr(hdf5_writer, "_GROW_EVERY", 2)
+    build_dir = staging_path(output) / BUILD_DIR
+    real_write = hdf5_writer._write_at
+    writes = []
+    staged_at_crash = []
+
+    def crash_in_copy(*args):
+        if len(writes) == files_copied:
+            staged_at_crash.append({p.name: p.stat().st_size for p in build_dir.glob("pooled*.bin")})
+            raise RuntimeError("simulated crash in the finish")
+        writes.append(args)
+        real_write(*args)
+
+    monkeypatch.setattr(hdf5_writer, "_write_at", crash_in_copy)
+    with pytest.raises(RuntimeError, match="in the finish"):
+        build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert not output.exists() and (build_dir / hdf5_writer.FINISH_FILE).is_file()
+    # The files copied are gone: the staging holds only the rows not yet durably in cache.h5.
+    copied_rows = [1, 2, 4, 6, 10][files_copied - 1]
+    (staged,) = staged_at_crash
+    assert "pooled.bin" not in staged
+    assert sum(staged.values()) == (len(pooled) - copied_rows) * row_bytes
+    monkeypatch.setattr(hdf5_writer, "_write_at", real_write)
+    if restored_first:
+        real_restore = hdf5_writer._restore
+        restored = []
+
+        def crash_in_restore(*args):
+            if len(restored) == restored_first:
+                raise RuntimeError("simulated crash in the recovery")
+            restored.append(args)
+            real_restore(*args)
+
+        monkeypatch.setattr(hdf5_writer, "_restore", crash_in_restore)
+        with pytest.raises(RuntimeError, match="in the recovery"):
+            build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+        assert not output.exists()
+        # Restored last first, cache.h5 cut short behind each file restored.
+        assert (staging_path(output) / "cache.h5").stat().st_size == restored[-1][1]
+        monkeypatch.setattr(hdf5_writer, "_restore", real_restore)
+    summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert summary.resumed_from > 0 and not summary.already_complete
+    assert _hdf5_layout(output) == _hdf5_layout(reference)
+    assert_same_cache(output, reference)
+    assert verify(output).ok

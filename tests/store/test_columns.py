@@ -116,3 +116,68 @@ def test_a_column_staged_as_chunk_files_is_moved_into_zarr_with_the_bytes_of_a_c
         assert (tmp_path / "moved.zarr" / rel).read_bytes() == (tmp_path / "copied.zarr" / rel).read_bytes(), rel
     _, arrays = store.open_arrays(tmp_path / "moved.zarr", (WIDTHS.array,))[1:]
     np.testing.assert_array_equal(np.asarray(arrays[WIDTHS.array][:]), _values(sentences, 0))
+
+
+def test_a_column_staged_as_chunk_files_is_copied_into_hdf5_a_file_at_a_time_with_the_bytes_of_a_copy(
+    tmp_path, monkeypatch
+):
+    import elmo_cache.store.hdf5.writer as hdf5_writer
+
+    sentences = _sentences(11, seed=6)
+    staged = dataclasses.replace(WIDTHS, chunk_rows=4, staged_in_chunks=True)
+    copied = dataclasses.replace(WIDTHS, chunk_rows=4)
+    _build(tmp_path / "copied.h5", "hdf5", copied, sentences)
+    # Files of 1, 1, 2, 2, 4 and 8 rows (the last one partial), each deleted once copied.
+    monkeypatch.setattr(hdf5_writer, "_FIRST_FILE_BYTES", staged.row_bytes)
+    monkeypatch.setattr(hdf5_writer, "_GROW_EVERY", 2)
+    _build(tmp_path / "staged.h5", "hdf5", staged, sentences)
+    assert (tmp_path / "staged.h5").read_bytes() == (tmp_path / "copied.h5").read_bytes()
+    _, arrays = store.open_arrays(tmp_path / "staged.h5", (WIDTHS.array,))[1:]
+    np.testing.assert_array_equal(np.asarray(arrays[WIDTHS.array][:]), _values(sentences, 0))
+
+
+def test_a_chunked_column_with_growing_files_appends_reads_and_is_cut_back(tmp_path):
+    from elmo_cache.store.durable import ChunkedColumn, ChunkedRows
+
+    column = ChunkedColumn(tmp_path / "c.bin", "int32", (2,), 2, grow_every=3, max_file_rows=6)
+    assert [column.rows_in_file(k) for k in range(8)] == [2, 2, 2, 4, 4, 4, 6, 6]
+    assert [column.file_start(k) for k in range(8)] == [0, 2, 4, 6, 10, 14, 18, 24]
+    assert [column.locate(i) for i in (0, 1, 2, 5, 6, 9, 10, 18, 23, 24)] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (2, 1),
+        (3, 0),
+        (3, 3),
+        (4, 0),
+        (6, 0),
+        (6, 5),
+        (7, 0),
+    ]
+    values = np.arange(40, dtype=np.int32).reshape(20, 2)
+    column.open(0)
+    column.append(values[:7])
+    column.append(values[7:20])
+    column.sync()
+    column.close()
+    assert [(p.name, n) for p, n in column.files(20)] == [
+        ("c.bin", 2),
+        ("c.1.bin", 2),
+        ("c.2.bin", 2),
+        ("c.3.bin", 4),
+        ("c.4.bin", 4),
+        ("c.5.bin", 4),
+        ("c.6.bin", 2),
+    ]
+    assert [p.stat().st_size for p, _ in column.files(20)] == [16, 16, 16, 32, 32, 32, 16]
+    np.testing.assert_array_equal(column.read_range(3, 19), values[3:19])
+    rows = column.read(20)
+    assert isinstance(rows, ChunkedRows)
+    np.testing.assert_array_equal(rows[11], values[11])
+    rows[11] = values[0]
+    rows.flush()
+    np.testing.assert_array_equal(column.read_range(11, 12), values[:1])
+    column.open(9)  # a resume at the commit of 9 items: the files past it are dropped, the one holding it cut
+    column.close()
+    assert [p.stat().st_size for p, _ in column.files(9)] == [16, 16, 16, 24]
+    assert not (tmp_path / "c.4.bin").exists()

@@ -6,6 +6,15 @@ vectors to a raw ``vectors.bin`` in the staging folder and only the finished bui
 ``cache.h5`` there, with every dataset contiguous and of its final shape (and records each
 dataset's CRC-32 in the metadata), then renames it to the output path: the output only ever
 holds a finished cache.
+
+Disk while finishing. A declared column staged in chunks (``pooled``: nearly all of a ``--pool-only`` cache) is
+staged as files that grow with the column (:class:`~elmo_cache.store.durable.ChunkedColumn` with ``grow_every``:
+each a sixteenth to an eighth of it), copied into ``cache.h5`` a file at a time, and each file is deleted once
+its rows are in ``cache.h5`` on disk and ``.build/finish.json`` says so: the build needs about the cache's size
+plus one file, not twice the column. A finish killed after some deletions leaves those rows only in the
+half-written ``cache.h5``, at the place the record names; the next run (:meth:`Hdf5Writer._recover_columns`)
+writes the files back from there, last first, cutting ``cache.h5`` short behind each (so that disk stays
+bounded too), deletes it and finishes again from the staged files: the same bytes as a finish never interrupted.
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from elmo_cache.store.blocksums import block_sums, sums_listing
-from elmo_cache.store.durable import RawColumn, fsync_path
+from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.blocksums import BlockSummer, block_sums, sums_listing
+from elmo_cache.store.columns import Column
+from elmo_cache.store.durable import ChunkedColumn, RawColumn, atomic_write_json, fsync_path
 from elmo_cache.store.format import (
     BLOCK_SUMS,
     CHECKSUM_ALGORITHM,
@@ -38,6 +49,19 @@ __all__ = ["Hdf5Writer", "little_endian"]
 # Rows copied per step when the vectors move into the HDF5 file (bounds memory, keeps writes large).
 _COPY_BYTES = 64 * 2**20
 
+# Staged files of a column staged in chunks: the first ones of about this many bytes (whole rows), twice that
+# after every _GROW_EVERY files, at most _COPY_BYTES: a file is 1/16 to 1/8 of the column, the disk a finish
+# needs beyond the cache, and a column of GiBs is some hundreds of files, not hundreds of thousands.
+_FIRST_FILE_BYTES = 128 * 2**10
+_GROW_EVERY = 16
+
+# The finish's record of the staged files already copied into cache.h5 and deleted (see the module docstring).
+FINISH_FILE = "finish.json"
+
+# progress.json's extra: the staged files grow (a staging begun before they did has files of the zarr chunk).
+_STAGED_FILES = "hdf5_staged_files"
+_GROWING = "growing"
+
 
 def little_endian(data: Any) -> np.ndarray:
     """``data`` as a C-contiguous little-endian array (no copy when it already is one)."""
@@ -52,6 +76,96 @@ class Hdf5Writer(Writer):
         super().__init__(output, layout, progress)
         self.vectors = RawColumn(self.build_dir / "vectors.bin", layout.dtype, layout.row_shape)
 
+    def _growing_files(self) -> bool:
+        """Whether columns staged in chunks have growing files: in a new staging, or one that says so."""
+        return self.progress.lines == 0 or self.progress.extra.get(_STAGED_FILES) == _GROWING
+
+    def _column(self, spec: Column) -> RawColumn:
+        column = super()._column(spec)
+        if not isinstance(column, ChunkedColumn) or not self._growing_files():
+            return column
+        row_bytes = max(1, spec.row_bytes)
+        return ChunkedColumn(
+            column.path,
+            spec.dtype,
+            spec.row_shape,
+            max(1, _FIRST_FILE_BYTES // row_bytes),
+            grow_every=_GROW_EVERY,
+            max_file_rows=max(1, _COPY_BYTES // row_bytes),
+        )
+
+    def _staged_files(self, spec: Column | None) -> ChunkedColumn | None:
+        """The column behind a declared array when it is copied a file at a time (and its files deleted)."""
+        column = self.columns.get(spec.name) if spec is not None else None
+        if isinstance(column, ChunkedColumn) and column.grow_every is not None:
+            return column
+        return None
+
+    def _recover_columns(self) -> None:
+        """Write back the staged files a finish that did not complete had deleted, from the half-written
+        ``cache.h5`` (at the place ``finish.json`` names), then drop both: the finish starts again."""
+        record = self.build_dir / FINISH_FILE
+        if not record.is_file():
+            return
+        h5 = self.staging / "cache.h5"
+        try:
+            copied = json.loads(record.read_text(encoding="utf-8"))["copied"]
+            entries = [(str(e["column"]), int(e["offset"]), int(e["files"])) for e in copied]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise CacheFormatError(
+                f"{record}: unreadable record of an interrupted finish ({exc}); rerun with --overwrite"
+            ) from None
+        for name, offset, done in reversed(entries):  # the later arrays lie further on in cache.h5
+            column = self.columns.get(name)
+            if not isinstance(column, ChunkedColumn) or column.grow_every is None:
+                raise CacheFormatError(f"{record}: names column {name!r}, not one staged in growing files")
+            files = column.files(self._committed(self.specs[name]))[:done]
+            for k in reversed(range(len(files))):
+                path, rows = files[k]
+                where = offset + column.file_start(k) * column.item_bytes
+                if not path.is_file():
+                    _restore(h5, where, rows * column.item_bytes, path)
+                if h5.is_file() and h5.stat().st_size > where:
+                    os.truncate(h5, where)  # the rows just restored: so the disk held stays bounded
+        h5.unlink(missing_ok=True)
+        record.unlink()
+        fsync_path(self.build_dir, directory=True)
+
+    def _copy_files(self, h5: Path, dataset: Any, name: str, rows: int, block_rows: int) -> tuple[int, np.ndarray]:
+        """Copy the first ``rows`` of column ``name`` into ``dataset`` a staged file at a time, deleting each file
+        once its rows are durably in ``h5`` and recorded; returns the rows' CRC-32 and their block sums."""
+        column = self.columns[name]
+        assert isinstance(column, ChunkedColumn)
+        column.close()  # an open file, even deleted, would keep its disk
+        summer = BlockSummer(block_rows * column.item_bytes)
+        crc = 0
+        record = self.build_dir / FINISH_FILE
+        copied = json.loads(record.read_text(encoding="utf-8"))["copied"] if record.is_file() else []
+        entry: dict[str, Any] | None = None
+        fd = os.open(h5, os.O_RDWR)
+        try:
+            for k, (path, count) in enumerate(column.files(rows)):
+                start = column.file_start(k)
+                block = little_endian(column.read_range(start, start + count))
+                dataset[start : start + count] = block
+                crc = checksum(block, crc)
+                summer.update(block)
+                if entry is None:
+                    offset = dataset.id.get_offset()  # given at the first write (contiguous, late allocation)
+                    assert offset is not None, "a written contiguous dataset has its place in the file"
+                    entry = {"column": name, "offset": int(offset), "files": 0}
+                    copied.append(entry)
+                # h5py may still hold some of the rows in its buffers: written here as well (the same bytes, in the
+                # space the dataset already has), they are on disk once synced, whatever h5py does later.
+                _write_at(fd, block.reshape(-1).view(np.uint8), entry["offset"] + start * column.item_bytes)
+                os.fsync(fd)
+                entry["files"] = k + 1
+                atomic_write_json(record, {"copied": copied})
+                path.unlink()
+        finally:
+            os.close(fd)
+        return crc, summer.finish()
+
     def _create_container(self) -> None:
         pass  # nothing but raw files until the end
 
@@ -64,7 +178,7 @@ class Hdf5Writer(Writer):
 
     def _sync_vectors(self) -> dict[str, Any]:
         self.vectors.sync()
-        return {}
+        return {_STAGED_FILES: _GROWING} if self._growing_files() else {}
 
     def _close_vectors(self) -> None:
         self.vectors.close()
@@ -95,7 +209,9 @@ class Hdf5Writer(Writer):
             all_sums = {BLOCK_SUMS["vectors"]: np.concatenate(sums) if sums else np.empty(0, np.uint32)}
             optional: dict[str, int] = {}  # block rows of the optional arrays written (pooled)
             declared = self.array_columns()
-            for name, data in self.small_arrays().items():
+            arrays = self.small_arrays()
+            for name in list(arrays):
+                data = arrays.pop(name)  # dropped once written: a staged file's map would keep its disk
                 # Copied a block at a time (a whole copy would stay resident); a step is whole sum blocks.
                 dataset = f.create_dataset(name, shape=data.shape, dtype=data.dtype.newbyteorder("<"))
                 crc, sums = 0, []
@@ -104,6 +220,12 @@ class Hdf5Writer(Writer):
                 rows_per_sum = spec.block_rows if spec is not None else SMALL_BLOCK_ROWS
                 if name in OPTIONAL_ARRAYS or (spec is not None and spec.optional):
                     optional[name] = rows_per_sum
+                if spec is not None and self._staged_files(spec) is not None:
+                    n = len(data)
+                    del data
+                    copy = self._copy_files(tmp, dataset, spec.name, n, rows_per_sum)
+                    crcs[name], all_sums[block_sums_name(name)] = copy
+                    continue
                 step = max(1, _COPY_BYTES // (row_bytes * rows_per_sum)) * rows_per_sum
                 for start, block in array_blocks(data, step):
                     block = little_endian(block)
@@ -131,3 +253,32 @@ class Hdf5Writer(Writer):
         fsync_path(self.output.parent, directory=True)
         self.remove_staging()
         return self.output
+
+
+def _write_at(fd: int, data: np.ndarray, offset: int) -> None:
+    """Write all of ``data``'s bytes at ``offset`` of the open file ``fd``."""
+    view = np.ascontiguousarray(data).data.cast("B")
+    while len(view):
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _restore(h5: Path, where: int, size: int, path: Path) -> None:
+    """Write back a deleted staged file (``size`` bytes) from ``h5`` at ``where``, atomically and durably."""
+    try:
+        with open(h5, "rb") as source:
+            source.seek(where)
+            data = source.read(size)
+    except FileNotFoundError:
+        data = b""
+    if len(data) != size:
+        raise CacheFormatError(
+            f"{path}: deleted by an interrupted finish, and {h5} no longer holds its rows; rerun with --overwrite"
+        )
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent, directory=True)
