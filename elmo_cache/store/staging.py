@@ -276,9 +276,7 @@ class Writer:
         self.build_dir = self.staging / BUILD_DIR
         self.progress = progress
         self.specs: dict[str, Column] = {spec.name: spec for spec in layout.sentence_columns}
-        self.columns: dict[str, RawColumn] = {
-            name: staged_column(self.build_dir, spec) for name, spec in self.specs.items()
-        }
+        self.columns: dict[str, RawColumn] = {name: self._column(spec) for name, spec in self.specs.items()}
         # Values of each variable-size column (sized_by) committed and appended: the text's bytes.
         self._sizes = dict.fromkeys((name for name, spec in self.specs.items() if spec.sized_by), 0)
         # rows appended since the last commit, beyond progress.rows
@@ -288,6 +286,10 @@ class Writer:
         self.initial_metadata: dict[str, Any] = {}
         # Arrays of store.format.OPTIONAL_ARRAYS the finished cache holds (a pq cache's codebooks), set by the build.
         self.extra_arrays: dict[str, np.ndarray] = {}
+
+    def _column(self, spec: Column) -> RawColumn:
+        """The staging file of ``spec`` (a container may stage a column its own way)."""
+        return staged_column(self.build_dir, spec)
 
     # The built-in columns by name (store.columns.sentence_columns).
     @property

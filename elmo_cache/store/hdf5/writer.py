@@ -119,7 +119,7 @@ class Hdf5Writer(Writer):
             column = self.columns.get(name)
             if not isinstance(column, ChunkedColumn) or column.grow_every is None:
                 raise CacheFormatError(f"{record}: names column {name!r}, not one staged in growing files")
-            files = column.files(self._committed(self.specs[name]))[:done]
+            files = column.files(self.sentences().committed(self.specs[name]))[:done]
             for k in reversed(range(len(files))):
                 path, rows = files[k]
                 where = offset + column.file_start(k) * column.item_bytes
