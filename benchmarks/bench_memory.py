@@ -135,7 +135,7 @@ _PHASES = (
     ("elmo_cache.store.hdf5.writer", "Hdf5Writer.finalize", "finish"),
     ("elmo_cache.store.zarr.write", "finish_group", "finish group"),
     ("elmo_cache.builder.ray.engine", "first_pass", "first pass"),
-    ("elmo_cache.builder.ray.engine", "_run_parts", "parts (ray)"),
+    ("elmo_cache.builder.ray.engine", "run_parts", "parts (ray)"),
     ("elmo_cache.builder.ray.engine", "RayRun.finish", "finish"),
 )
 

@@ -96,7 +96,7 @@ def test_an_interrupted_build_of_the_other_engine_is_named(tmp_path, tiny_model,
     assert staging_path(output).is_dir() and not output.exists()
     monkeypatch.undo()
     # No cluster is started: the session is entered only to be left (Ray stands in as already running).
-    monkeypatch.setattr(distributed, "_import_ray", lambda: _RunningRay())
+    monkeypatch.setattr(distributed, "import_ray", lambda: _RunningRay())
     with pytest.raises(CacheExistsError, match="interrupted build of the local engine; rerun it with --engine local"):
         build(corpus, options, engine="ray")
 

@@ -15,7 +15,8 @@ ray = pytest.importorskip("ray")
 
 import elmo_cache  # noqa: E402
 from elmo_cache.builder import BuildOptions, build  # noqa: E402
-from elmo_cache.builder.ray.engine import FAIL_PART_ENV, build_distributed, cut_parts  # noqa: E402
+from elmo_cache.builder.ray.engine import FAIL_PART_ENV, build_distributed  # noqa: E402
+from elmo_cache.builder.ray.parts import cut_parts  # noqa: E402
 from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError  # noqa: E402
 from elmo_cache.store.format import BUILD_DIR, ZARR_JSON, staging_path  # noqa: E402
 from elmo_cache.verify.checks import verify  # noqa: E402

@@ -47,13 +47,13 @@ class _NoCluster:
 
 
 def test_a_missing_cluster_is_a_clear_error():
-    from elmo_cache.builder.ray.engine import _connect
+    from elmo_cache.builder.ray.raydata import connect
     from elmo_cache.errors import ElmoCacheError, InvalidParameterError
 
     missing = ConnectionError("Could not find any running Ray instance. Please specify the one to connect to")
     with pytest.raises(InvalidParameterError, match=r"address: no Ray cluster answers at 'auto'.*ray start --head"):
-        _connect(_NoCluster(missing), "auto")
+        connect(_NoCluster(missing), "auto")
     with pytest.raises(InvalidParameterError, match="leave out --address"):
-        _connect(_NoCluster(TimeoutError("GCS did not answer")), "10.0.0.1:6379")
+        connect(_NoCluster(TimeoutError("GCS did not answer")), "10.0.0.1:6379")
     with pytest.raises(ElmoCacheError, match="could not start a local Ray cluster"):
-        _connect(_NoCluster(ConnectionError("no room")), None)
+        connect(_NoCluster(ConnectionError("no room")), None)

@@ -64,8 +64,8 @@ from elmo_cache.builder.firstpass import (
 from elmo_cache.builder.options import BuildOptions, BuildSummary
 from elmo_cache.builder.output import check_resumed
 from elmo_cache.builder.plan import Plan, metadata, options_json
-from elmo_cache.builder.ray.parts import FAIL_PART_ENV, PARTS_DIR, PartJob, PartSpec, PartWriter, cut_parts, marker_path
-from elmo_cache.builder.ray.raydata import _connect, _import_ray, _run_parts
+from elmo_cache.builder.ray.parts import FAIL_PART_ENV, PARTS_DIR, PartJob, PartSpec, cut_parts, marker_path
+from elmo_cache.builder.ray.raydata import connect, import_ray, run_parts
 from elmo_cache.builder.ray.stitch import publish, stitch
 from elmo_cache.errors import CacheExistsError, ElmoCacheError, InvalidParameterError
 from elmo_cache.model.identity import model_differences
@@ -76,16 +76,11 @@ from elmo_cache.store.registry import containers, get_container
 from elmo_cache.store.staging import Progress
 from elmo_cache.text.corpus import Corpus
 
-# PartSpec, PartWriter and cut_parts are _parts's, named here as before it was split off; _connect is _raydata's.
 __all__ = [
     "FAIL_PART_ENV",
-    "PartSpec",
-    "PartWriter",
     "RayEngine",
     "RayRun",
     "build_distributed",
-    "cut_parts",
-    "_connect",
 ]
 
 # Parts per worker by default: enough to balance uneven parts, few enough that the edge files
@@ -165,14 +160,14 @@ class RayEngine:
                 f"corpus: the ray engine reads the corpus from a regular file (a resumed build checks its size and "
                 f"time), not {source.name}; save it to a file first"
             )
-        self.ray = _import_ray()
+        self.ray = import_ray()
 
     @contextmanager
     def session(self, job: BuildJob) -> Iterator[None]:
         ray = self.ray
         started_ray = False
         if not ray.is_initialized():
-            _connect(ray, self.address)
+            connect(ray, self.address)
             started_ray = True
         try:
             yield
@@ -264,7 +259,7 @@ class RayRun:
         todo, show = self.todo, self.job.options.progress
         # pq: the codebooks every worker reads from the staging, trained before any part writes a row.
         train_on_ray(self.ray, self.part_job, self.job.model.output_dim, gpu=self.gpu, cpus=self.cpus_per_worker)
-        self.statuses = _run_parts(
+        self.statuses = run_parts(
             self.ray, self.part_job, todo, len(self.specs), self.workers, self.cpus_per_worker, self.gpu, show
         )
         self.parts_seconds = time.monotonic() - begin

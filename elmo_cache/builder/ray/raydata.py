@@ -12,10 +12,10 @@ from typing import Any
 from elmo_cache.builder.ray.parts import PartJob, PartSpec, PartWriter
 from elmo_cache.errors import ElmoCacheError, InvalidParameterError
 
-__all__ = ["_connect", "_import_ray", "_run_parts"]
+__all__ = ["connect", "import_ray", "run_parts"]
 
 
-def _import_ray() -> Any:
+def import_ray() -> Any:
     try:
         import ray
         import ray.data
@@ -26,7 +26,7 @@ def _import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str | None) -> None:
+def connect(ray: Any, address: str | None) -> None:
     """``ray.init`` with a clear error when the named cluster is not there (Ray prints a traceback)."""
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -40,7 +40,7 @@ def _connect(ray: Any, address: str | None) -> None:
         ) from None
 
 
-def _run_parts(
+def run_parts(
     ray: Any,
     job: PartJob,
     todo: list[PartSpec],

@@ -15,7 +15,7 @@ from elmo_cache.store.columns import cache_arrays, optional_arrays
 from elmo_cache.store.format import META_KEY, ZARR_JSON, decode_metadata
 from elmo_cache.store.zarr.maps import ChunkedArray, DecodedChunks, MappedChunks, MappedShards
 
-__all__ = ["is_store", "read_metadata", "open_arrays", "open_with_library"]
+__all__ = ["is_store", "read_metadata", "read_json", "open_arrays", "open_with_library"]
 
 
 def is_store(path: Path) -> bool:
@@ -62,7 +62,8 @@ def _fill_value(raw: Any, dtype: np.dtype) -> Any:
     return 0 if raw is None else raw
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (``what`` names it in the error when it is unreadable)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -77,7 +78,7 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
     meta_path = directory / ZARR_JSON
     if not meta_path.is_file():
         return None
-    meta = _read_json(meta_path, f"array {name!r}")
+    meta = read_json(meta_path, f"array {name!r}")
     where = f"{root}: array {name!r}"
     if meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
         raise CacheFormatError(f"{where} is not a zarr v3 array ({meta_path})")
@@ -149,7 +150,7 @@ def _raw_bytes(codecs: list[dict[str, Any]]) -> str | None:
 
 def open_arrays(root: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, ChunkedArray | None]]:
     """Raw metadata attribute and the arrays ``names`` (None where missing) of a zarr cache."""
-    group = _read_json(root / ZARR_JSON, "the root group")
+    group = read_json(root / ZARR_JSON, "the root group")
     if group.get("node_type") != "group":
         raise CacheFormatError(
             f"{root}: zarr.json describes a {group.get('node_type')!r}, not a group; not an elmo-cache store"

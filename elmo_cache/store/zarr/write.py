@@ -40,7 +40,7 @@ from elmo_cache.store.format import (
 from elmo_cache.store.pooled import pooled_block_rows, pooled_chunk_rows
 from elmo_cache.store.staging import Layout, SentenceColumns, array_blocks
 from elmo_cache.store.zarr.maps import _ABSENT
-from elmo_cache.store.zarr.read import _read_json
+from elmo_cache.store.zarr.read import read_json
 
 __all__ = [
     "COMPRESSIONS",
@@ -132,7 +132,7 @@ def create_group(staging: Path, layout: Layout, n_rows: int, metadata: dict[str,
 
     vectors_meta = staging / "vectors" / ZARR_JSON
     if vectors_meta.is_file():
-        shape = _read_json(vectors_meta, "array 'vectors'").get("shape")
+        shape = read_json(vectors_meta, "array 'vectors'").get("shape")
         if shape == [n_rows, *layout.row_shape]:
             return
         raise CacheFormatError(
