@@ -52,7 +52,7 @@ def test_stream_writes_the_file_write_vectors_file_writes(tmp_path, compression,
         got = stream.finish()
     assert got == want
     assert spools(tmp_path / "b") == []
-    for name in (zarr_store.vectors_file_path(Path(), lay, k), zarr_write._sums_path(Path(), k)):
+    for name in (zarr_store.vectors_file_path(Path(), lay, k), zarr_write.sums_path(Path(), k)):
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes()
 
 

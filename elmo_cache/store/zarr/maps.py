@@ -26,7 +26,7 @@ from elmo_cache.errors import CacheCorruptError, CacheFormatError
 __all__ = ["ChunkedArray", "DecodedChunks", "MappedChunks", "MappedShards"]
 
 # zarr's sharding codec marks an inner chunk that is not in the shard file with this offset and size.
-_ABSENT = 2**64 - 1
+ABSENT_CHUNK = 2**64 - 1
 
 
 # Decoded (compressed) chunks kept per array, in bytes; at least two chunks are always kept.
@@ -336,7 +336,7 @@ class MappedShards(_MappedFiles):
         """The index body of a shard with ``present`` chunks back to back from byte 0 (the layout written here)."""
         body = self._layouts.get(present)
         if body is None:
-            index = np.full((self._per_shard, 2), _ABSENT, dtype="<u8")
+            index = np.full((self._per_shard, 2), ABSENT_CHUNK, dtype="<u8")
             index[:present, 0] = np.arange(present, dtype=np.uint64) * np.uint64(self._inner_bytes)
             index[:present, 1] = self._inner_bytes
             body = self._layouts[present] = index.tobytes()
@@ -371,7 +371,7 @@ class MappedShards(_MappedFiles):
                 )
             return None
         index = np.frombuffer(body, dtype="<u8").reshape(self._per_shard, 2)
-        used = index[:, 0] != _ABSENT
+        used = index[:, 0] != ABSENT_CHUNK
         if used.any() and int((index[used, 0] + index[used, 1]).max()) > size - self._index_bytes:
             raise CacheFormatError(
                 f"{path}: the index of shard {c} of array {self.name!r} points past the end "
@@ -386,7 +386,7 @@ class MappedShards(_MappedFiles):
         """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
         block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill, dtype=self.dtype)
         for j, (offset, size) in enumerate(index[:present].tolist()):
-            if offset == _ABSENT:
+            if offset == ABSENT_CHUNK:
                 continue
             if size != self._inner_bytes:
                 raise CacheFormatError(

@@ -23,10 +23,10 @@ from elmo_cache.store.blocksums import BlockSummer, write_sums_file
 from elmo_cache.store.format import BUILD_DIR, checksum
 from elmo_cache.store.staging import Layout
 from elmo_cache.store.zarr.write import (
-    _file_geometry,
-    _publish,
-    _shard_index,
-    _sums_path,
+    file_geometry,
+    publish_file,
+    shard_index,
+    sums_path,
     vectors_file_path,
     write_vectors_file,
 )
@@ -44,7 +44,7 @@ class VectorsFileStream:
 
     def __init__(self, staging: Path, layout: Layout, n_rows: int, k: int):
         self.staging, self.layout, self.n_rows, self.k = staging, layout, n_rows, k
-        self.want, self.present = _file_geometry(layout, n_rows, k)
+        self.want, self.present = file_geometry(layout, n_rows, k)
         self.rows = 0
         self.crc = 0
         self.summer = BlockSummer(int(layout.chunk_rows or 0) * layout.row_bytes)
@@ -79,15 +79,15 @@ class VectorsFileStream:
                 return self._encode()
             chunk_bytes = int(self.layout.chunk_rows or 0) * self.layout.row_bytes
             padding = bytes(self.present * chunk_bytes - self.rows * self.layout.row_bytes)
-            index = _shard_index(self.layout, self.present)
+            index = shard_index(self.layout, self.present)
             with handle:
                 handle.write(padding)
                 handle.write(index)
                 handle.flush()
                 os.fsync(handle.fileno())
                 size = handle.tell()
-            write_sums_file(_sums_path(self.staging, self.k), self.summer.finish())
-            _publish(self.path, vectors_file_path(self.staging, self.layout, self.k))
+            write_sums_file(sums_path(self.staging, self.k), self.summer.finish())
+            publish_file(self.path, vectors_file_path(self.staging, self.layout, self.k))
             return size, checksum(index, checksum(padding, self.crc))
         except BaseException:
             self.close()

@@ -39,7 +39,7 @@ from elmo_cache.store.format import (
 )
 from elmo_cache.store.pooled import pooled_block_rows, pooled_chunk_rows
 from elmo_cache.store.staging import Layout, SentenceColumns, array_blocks
-from elmo_cache.store.zarr.maps import _ABSENT
+from elmo_cache.store.zarr.maps import ABSENT_CHUNK
 from elmo_cache.store.zarr.read import read_json
 
 __all__ = [
@@ -53,6 +53,12 @@ __all__ = [
     "vectors_file_path",
     "vectors_file_rows",
     "write_vectors_file",
+    "CRC_BYTES",
+    "file_geometry",
+    "shard_index",
+    "write_file_body",
+    "sums_path",
+    "publish_file",
 ]
 
 COMPRESSIONS = ("none", "zstd", "blosc-lz4", "blosc-zstd")
@@ -67,14 +73,14 @@ SMALL_CHUNK = 1 << 20
 TEXT_CHUNK = 1 << 26
 
 # Bytes read at a time when a file's CRC-32 is computed.
-_CRC_BYTES = 16 * 2**20
+CRC_BYTES = 16 * 2**20
 
 
 def file_checksum(path: Path) -> tuple[int, int]:
     """``(size, CRC-32)`` of the file at ``path``, read in pieces."""
     crc = size = 0
     with open(path, "rb") as f:
-        while piece := f.read(_CRC_BYTES):
+        while piece := f.read(CRC_BYTES):
             crc = checksum(piece, crc)
             size += len(piece)
     return size, crc
@@ -143,20 +149,20 @@ def create_group(staging: Path, layout: Layout, n_rows: int, metadata: dict[str,
     group.create_array("vectors", **_vectors_array_spec(layout, n_rows))
 
 
-def _file_geometry(layout: Layout, n_rows: int, k: int) -> tuple[int, int]:
+def file_geometry(layout: Layout, n_rows: int, k: int) -> tuple[int, int]:
     """``(rows, inner chunks present)`` of vectors file ``k`` in an array of ``n_rows`` rows."""
     shard, chunk = vectors_file_rows(layout), int(layout.chunk_rows or 0)
     rows = max(0, min(shard, n_rows - k * shard))
     return rows, -(-rows // chunk)
 
 
-def _shard_index(layout: Layout, present: int) -> bytes:
+def shard_index(layout: Layout, present: int) -> bytes:
     """The index zarr's sharding codec ends an uncompressed shard with: (offset, size) per inner chunk, then
     its CRC-32C (the ``crc32c`` index codec)."""
     import google_crc32c
 
     chunk_bytes = int(layout.chunk_rows or 0) * layout.row_bytes
-    index = np.full((vectors_file_rows(layout) // int(layout.chunk_rows or 1), 2), _ABSENT, dtype="<u8")
+    index = np.full((vectors_file_rows(layout) // int(layout.chunk_rows or 1), 2), ABSENT_CHUNK, dtype="<u8")
     index[:present, 0] = np.arange(present, dtype=np.uint64) * np.uint64(chunk_bytes)
     index[:present, 1] = chunk_bytes
     raw = index.tobytes()
@@ -183,16 +189,16 @@ def _encode_with_zarr(layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> 
     return encoded.to_bytes()
 
 
-def _write_file_body(handle: Any, layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> int:
+def write_file_body(handle: Any, layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> int:
     """Write vectors file ``k`` (whose rows are ``rows``) to ``handle``; returns its CRC-32."""
     if layout.compression is not None:
         data = _encode_with_zarr(layout, n_rows, k, rows)
         handle.write(data)
         return checksum(data)
-    _, present = _file_geometry(layout, n_rows, k)
+    _, present = file_geometry(layout, n_rows, k)
     body = np.ascontiguousarray(rows, dtype=layout.dtype).data.cast("B")
     padding = bytes(present * int(layout.chunk_rows or 0) * layout.row_bytes - len(body))
-    index = _shard_index(layout, present)
+    index = shard_index(layout, present)
     for piece in (body, padding, index):
         handle.write(piece)
     return checksum(index, checksum(padding, checksum(body)))
@@ -205,7 +211,7 @@ def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows:
     The file goes to a temporary name in the build folder, is synced, then renamed into place, so a
     file at its final name is always whole. Returns its ``(size, CRC-32)`` for ``checksums.json``.
     """
-    want, _ = _file_geometry(layout, n_rows, k)
+    want, _ = file_geometry(layout, n_rows, k)
     if len(rows) != want or tuple(rows.shape[1:]) != tuple(layout.row_shape):
         raise ValueError(
             f"vectors file {k} holds {want} rows of shape {layout.row_shape}, got an array of shape {rows.shape}"
@@ -218,20 +224,20 @@ def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows:
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
-            crc = _write_file_body(handle, layout, n_rows, k, rows)
+            crc = write_file_body(handle, layout, n_rows, k, rows)
             handle.flush()
             os.fsync(handle.fileno())
             size = handle.tell()
         # The block sums first: a vectors file at its final name always has them beside it.
-        write_sums_file(_sums_path(staging, k), block_sums(rows, int(layout.chunk_rows or 0)))
-        _publish(Path(name), vectors_file_path(staging, layout, k))
+        write_sums_file(sums_path(staging, k), block_sums(rows, int(layout.chunk_rows or 0)))
+        publish_file(Path(name), vectors_file_path(staging, layout, k))
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
     return size, crc
 
 
-def _sums_path(staging: Path, k: int) -> Path:
+def sums_path(staging: Path, k: int) -> Path:
     """Where a build keeps the block sums of vectors file ``k`` until :func:`finish_group` gathers them."""
     return staging / BUILD_DIR / f"blocksums-{k}.bin"
 
@@ -244,12 +250,13 @@ def _vector_block_sums(staging: Path, vectors: Any) -> np.ndarray:
     parts = []
     for k in range(-(-rows // file_rows)):
         start, stop = k * file_rows, min(rows, (k + 1) * file_rows)
-        sums = read_sums_file(_sums_path(staging, k), -(-(stop - start) // chunk))
+        sums = read_sums_file(sums_path(staging, k), -(-(stop - start) // chunk))
         parts.append(sums if sums is not None else block_sums(np.asarray(vectors[start:stop]), chunk))
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
 
 
-def _publish(source: Path, final: Path) -> None:
+def publish_file(source: Path, final: Path) -> None:
+    """Move a finished file of the group into place, durably (the rename and its folder synced)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(source, final)
     fsync_path(final.parent, directory=True)
@@ -334,7 +341,7 @@ def _publish_staged_array(
         if path.stat().st_size != want:  # the last chunk of several: zero-padded; a lone chunk is its rows
             os.truncate(path, want if len(files) > 1 else rows * row_bytes)
         fsync_path(path)
-        _publish(path, staged_chunk_path(staging, name, k, len(data.shape)))
+        publish_file(path, staged_chunk_path(staging, name, k, len(data.shape)))
     return np.concatenate(sums) if sums else np.empty(0, np.uint32)
 
 

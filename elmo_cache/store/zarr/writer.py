@@ -15,17 +15,17 @@ from elmo_cache.store.durable import ChunkedColumn, RawColumn
 from elmo_cache.store.format import checksum
 from elmo_cache.store.staging import Layout, Progress, Writer
 from elmo_cache.store.zarr.write import (
-    _CRC_BYTES,
-    _file_geometry,
-    _publish,
-    _shard_index,
-    _sums_path,
-    _write_file_body,
+    CRC_BYTES,
     create_group,
+    file_geometry,
     finish_sentences,
+    publish_file,
+    shard_index,
     staged_chunk_path,
+    sums_path,
     vectors_file_path,
     vectors_file_rows,
+    write_file_body,
 )
 
 __all__ = ["ZarrWriter"]
@@ -90,7 +90,7 @@ class ZarrWriter(Writer):
             if not final.is_file():
                 if not self._ready_path(k).is_file():
                     raise CacheFormatError(f"{final}: a committed vectors file is missing; rerun with --overwrite")
-                _publish(self._ready_path(k), final)
+                publish_file(self._ready_path(k), final)
         current = self._rows_path(published)
         if self.layout.compression is None and not current.exists():
             # Its rows were finished into a vectors file (index appended) by a commit or a finish that
@@ -118,7 +118,7 @@ class ZarrWriter(Writer):
             os.truncate(current, want)
             summer, crc = BlockSummer(self.chunk_rows_bytes), 0
             with open(current, "rb") as f:  # the committed rows of the open file, summed again (once per resume)
-                while piece := f.read(_CRC_BYTES):
+                while piece := f.read(CRC_BYTES):
                     crc = checksum(piece, crc)
                     summer.update(piece)
             self._rows_crc, self._summers = {published: crc}, {published: summer}
@@ -163,11 +163,11 @@ class ZarrWriter(Writer):
         rows_path, ready = self._rows_path(k), self._ready_path(k)
         summer = self._summers.pop(k, None)
         if summer is not None:  # else: no rows appended in this session and none to resume (cannot happen)
-            write_sums_file(_sums_path(self.staging, k), summer.finish())
+            write_sums_file(sums_path(self.staging, k), summer.finish())
         if self.layout.compression is None:
-            _, present = _file_geometry(self.layout, n_rows, k)
+            _, present = file_geometry(self.layout, n_rows, k)
             padding_and_index = bytes(present * self.chunk_rows_bytes - rows_path.stat().st_size)
-            padding_and_index += _shard_index(self.layout, present)
+            padding_and_index += shard_index(self.layout, present)
             with open(rows_path, "ab") as handle:
                 handle.write(padding_and_index)
                 handle.flush()
@@ -178,7 +178,7 @@ class ZarrWriter(Writer):
         self._rows_crc.pop(k, None)  # compressed: the file's sum is of the encoded bytes
         block = np.fromfile(rows_path, dtype=self.layout.dtype).reshape(-1, *self.layout.row_shape)
         with open(ready, "wb") as handle:
-            crc = _write_file_body(handle, self.layout, n_rows, k, block)
+            crc = write_file_body(handle, self.layout, n_rows, k, block)
             handle.flush()
             os.fsync(handle.fileno())
             return handle.tell(), crc
@@ -199,7 +199,7 @@ class ZarrWriter(Writer):
 
     def _after_commit(self) -> None:
         for k in self._ready:
-            _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+            publish_file(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
             self._rows_path(k).unlink(missing_ok=True)  # compressed: the raw rows, now encoded
         self._ready = []
 
@@ -222,7 +222,7 @@ class ZarrWriter(Writer):
             k = files - 1
             sums[k] = self._finish_file(k, rows)
             # Compressed: the raw rows stay until the build folder goes, in case finishing fails.
-            _publish(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+            publish_file(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
         sentences = self.sentences()
         small = sentences.arrays(self.extra_arrays)
         self.close()
