@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from elmo_cache._version import __version__
 from elmo_cache.errors import ElmoCacheError
+from elmo_cache.version import __version__
 
 
 class _Group(click.Group):

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from elmo_cache._primitives import bound_primitive_caches
-from elmo_cache._version import __version__
+from elmo_cache.version import __version__
 
 # Before anything imports torch, which reads these once: see elmo_cache._primitives.
 bound_primitive_caches()

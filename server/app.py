@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-from elmo_cache._version import __version__
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
 from elmo_cache.model.identity import model_differences
@@ -31,6 +30,7 @@ from elmo_cache.server.routers import embed, health, info, metrics
 from elmo_cache.server.service import EmbedService
 from elmo_cache.server.settings import Settings, load_settings
 from elmo_cache.server.workers import ReadPool
+from elmo_cache.version import __version__
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder

@@ -12,7 +12,7 @@ PACKAGE = ROOT / "elmo_cache"
 # The pipeline's stages in the order they may import each other (a stage imports only those before it).
 STAGES = ("text", "model", "encoder", "store", "rows", "builder", "reader", "verify", "compat", "train")
 # Modules at the package root that every stage may use.
-FLOOR = {"elmo_cache.errors", "elmo_cache.threads", "elmo_cache._version", "elmo_cache._primitives"}
+FLOOR = {"elmo_cache.errors", "elmo_cache.threads", "elmo_cache.version", "elmo_cache._primitives"}
 
 
 def _modules() -> dict[str, Path]:
@@ -123,3 +123,21 @@ def test_the_architecture_doc_names_every_module_in_its_tree():
     }
     assert sorted(actual - listed) == [], "modules the tree does not name"
     assert sorted(listed - actual) == [], "the tree names modules that do not exist"
+
+
+def test_no_module_takes_another_modules_private_names_nor_another_packages_private_modules():
+    installed = {"elmo_cache": "elmo_cache", "cli": "elmo_cache.cli", "server": "elmo_cache.server"}
+    taken = []
+    for top, package in installed.items():
+        for path in sorted((ROOT / top).rglob("*.py")):
+            here = ".".join((package, *path.relative_to(ROOT / top).parent.parts))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("elmo_cache"):
+                    continue
+                module = node.module or ""
+                private = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+                taken += [f"{path.relative_to(ROOT)}: {module}.{name}" for name in private]
+                parent, _, last = module.rpartition(".")
+                if last.startswith("_") and parent != here:
+                    taken.append(f"{path.relative_to(ROOT)}: {module}")
+    assert taken == []

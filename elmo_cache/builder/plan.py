@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_cache._version import __version__
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
 from elmo_cache.errors import InvalidParameterError
@@ -37,6 +36,7 @@ from elmo_cache.store.format import (
 from elmo_cache.store.registry import container_names, get_container
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.formats import check_input_format
+from elmo_cache.version import __version__
 
 if TYPE_CHECKING:
     pass

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from elmo_cache._version import __version__
 from elmo_cache.server.deps import ServiceDep, SettingsDep
 from elmo_cache.server.errors import error_responses
+from elmo_cache.version import __version__
 
 __all__ = ["router", "Info"]
 
