@@ -141,3 +141,17 @@ def test_no_module_takes_another_modules_private_names_nor_another_packages_priv
                 if last.startswith("_") and parent != here:
                     taken.append(f"{path.relative_to(ROOT)}: {module}")
     assert taken == []
+
+
+def test_setup_cfg_lists_every_package_so_a_wheel_carries_every_module():
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    listed = set(config["options"]["packages"].split())
+    installed = {"elmo_cache": PACKAGE, "elmo_cache.cli": ROOT / "cli", "elmo_cache.server": ROOT / "server"}
+    actual = set()
+    for name, folder in installed.items():
+        for init in folder.rglob("__init__.py"):
+            actual.add(".".join((name, *init.parent.relative_to(folder).parts)))
+    assert sorted(actual ^ listed) == []
