@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 
@@ -188,6 +188,40 @@ class RowCodec(Protocol):
         """Whether stored rows hold ``expected`` (a fresh encoding, token-major) within the encoder's tolerance
         ``atol + rtol * |value|`` and this codec's own error: a problem (None: none) and the largest error."""
         ...
+
+
+class UntrainedCodec:
+    """What a codec with nothing to train and nothing stored beside its rows inherits (the float codecs,
+    int8): no training sample, no parameters, no extra arrays, nothing to read at open."""
+
+    @property
+    def training_vectors(self) -> int | None:
+        return None
+
+    def require(self) -> None:
+        return None
+
+    def train(self, sample: np.ndarray) -> Self:
+        return self
+
+    def parameters(self) -> np.ndarray:
+        return np.empty(0, "<f4")
+
+    @property
+    def parameter_shape(self) -> tuple[int, ...]:
+        return (0,)
+
+    def with_parameters(self, values: Any, where: str) -> Self:
+        return self
+
+    def final_arrays(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def for_reading(self, where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> Self:
+        return self
+
+    def with_arrays(self, arrays: Mapping[str, Any], where: Any) -> Self:
+        return self
 
 
 class QuantizedCodec:
@@ -470,7 +504,7 @@ def quantization_problem(raw: Mapping[str, Any]) -> str | None:
 
 
 @dataclass(frozen=True)
-class FloatCodec:
+class FloatCodec(UntrainedCodec):
     """Rows stored as floats (float32, or float16 with ``--fp16``): no metadata ``quantization``, read as stored."""
 
     # "float32" or "float16".
@@ -492,19 +526,12 @@ class FloatCodec:
         return np.dtype(self.float_dtype)
 
     @property
-    def training_vectors(self) -> int | None:
-        return None
-
-    @property
     def exact_pool(self) -> bool:
         return self.float_dtype == "float32"
 
     def rounding_step(self, scale: float) -> float | None:
         # float16: a unit in the last place (2**-10 relative); float32 stores the floats themselves.
         return scale * 2.0**-10 if self.float_dtype == "float16" else 0.0
-
-    def require(self) -> None:
-        return None
 
     def with_training_vectors(self, vectors: int) -> FloatCodec:
         raise InvalidParameterError("codebook_sample: float rows are not trained")
@@ -524,28 +551,6 @@ class FloatCodec:
         # Cast on the device, so only the stored bytes cross to the host.
         dtype = torch.float16 if self.float_dtype == "float16" else torch.float32
         return x.to(dtype, memory_format=torch.contiguous_format).cpu().numpy()
-
-    def train(self, sample: np.ndarray) -> FloatCodec:
-        return self
-
-    def parameters(self) -> np.ndarray:
-        return np.empty(0, "<f4")
-
-    @property
-    def parameter_shape(self) -> tuple[int, ...]:
-        return (0,)
-
-    def with_parameters(self, values: Any, where: str) -> FloatCodec:
-        return self
-
-    def final_arrays(self) -> dict[str, np.ndarray]:
-        return {}
-
-    def for_reading(self, where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> FloatCodec:
-        return self
-
-    def with_arrays(self, arrays: Mapping[str, Any], where: Any) -> FloatCodec:
-        return self
 
     def decode(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(rows, dtype=np.float32)

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.rows.codecs import CodecEntry, QuantizedCodec, UndecodedSentence, invalid_option, register_builtin
+from elmo_cache.rows.codecs import (
+    CodecEntry,
+    QuantizedCodec,
+    UndecodedSentence,
+    UntrainedCodec,
+    invalid_option,
+    register_builtin,
+)
 from elmo_cache.store.format import QUANTIZED_DTYPE, SCALE_BYTES
 
 if TYPE_CHECKING:
@@ -53,7 +60,7 @@ assert sys.byteorder == "little", "quantised caches are written on little-endian
 
 
 @dataclass(frozen=True)
-class Quantization(QuantizedCodec):
+class Quantization(UntrainedCodec, QuantizedCodec):
     """How a cache's vectors are quantised to int8, and the code that writes and reads them (FORMAT.md): the
     int8 :class:`~elmo_cache.rows.codecs.RowCodec`."""
 
@@ -70,16 +77,9 @@ class Quantization(QuantizedCodec):
     def dtype(self) -> str:
         return QUANTIZED_DTYPE
 
-    @property
-    def training_vectors(self) -> int | None:
-        return None
-
     def rounding_step(self, scale: float) -> float | None:
         # The vector's scale is its largest magnitude over 127 (a code step; rounding is half of it).
         return scale / _QMAX
-
-    def require(self) -> None:
-        return None
 
     def with_training_vectors(self, vectors: int) -> Quantization:
         raise InvalidParameterError("codebook_sample: int8 rows are not trained")
@@ -123,29 +123,7 @@ class Quantization(QuantizedCodec):
         out[..., self.dim :] = scale.cpu().numpy().astype("<f4").view(np.int8)
         return out
 
-    def train(self, sample: np.ndarray) -> Quantization:
-        return self
-
-    def parameters(self) -> np.ndarray:
-        return np.empty(0, "<f4")
-
-    @property
-    def parameter_shape(self) -> tuple[int, ...]:
-        return (0,)
-
-    def with_parameters(self, values: Any, where: str) -> Quantization:
-        return self
-
-    def final_arrays(self) -> dict[str, np.ndarray]:
-        return {}  # the scales are in the rows
-
     # -- reading ----------------------------------------------------------------------------------
-
-    def for_reading(self, where: Any, meta: Mapping[str, Any], optional: Mapping[str, tuple[Any, Any]]) -> Quantization:
-        return self
-
-    def with_arrays(self, arrays: Mapping[str, Any], where: Any) -> Quantization:
-        return self
 
     def split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(codes, scales)`` of stored rows ``(..., dim + 4)``: int8 ``(..., dim)`` and float32 ``(...)``, views."""
