@@ -115,8 +115,9 @@ def _corpus(work: Path, tokens: int) -> Path:
 def _model_params(model: str) -> str:
     import numpy as np
 
-    from elmo_cache.model.hub import BUNDLED, resolve
+    from elmo_cache.model.hub import BUNDLED
     from elmo_cache.model.options import ModelOptions
+    from elmo_cache.model.sources import resolve
     from elmo_cache.model.weights import weight_shapes
 
     files = resolve(BUNDLED if model == "bundled" else str(_model_dir(model)))
