@@ -86,7 +86,9 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
         for window in windows:
             lengths = window.lengths
             offsets = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)]).astype(np.int64)
-            vectors, _, _ = floats.encode(window.tokens, lengths, offsets, np.ones(len(lengths), bool), 0)
+            vectors, _, _ = floats.encode(
+                window.tokens, lengths, offsets, np.ones(len(lengths), bool), 0, first_line=window.first_line
+            )
             rows.append(vectors)
             have += len(vectors)
             if have >= n:

@@ -20,9 +20,13 @@ from elmo_cache.builder.alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
+from elmo_cache.errors import InvalidParameterError
+from elmo_cache.rows.codecs import nonfinite_rows
 from elmo_cache.rows.pooling import pool_batch
 
 if TYPE_CHECKING:
+    import torch
+
     from elmo_cache.encoder.encoder import Encoder
 
 __all__ = [
@@ -96,13 +100,35 @@ def assign_window(window: Window, rows_before: int, seen: SeenSentences | None) 
 class WindowEncoder:
     """Turns windows into rows in input order, in the stored layout and dtype."""
 
-    def __init__(self, encoder: Encoder, plan: Plan, batch_tokens: int):
+    def __init__(self, encoder: Encoder, plan: Plan, batch_tokens: int, corpus: str = "the corpus"):
         # Both engines encode windows through here: without it the process's heap creeps up window after
         # window (see elmo_cache.builder.alloc).
         fix_mmap_threshold()
         self.encoder = encoder
         self.selection = plan.selection
         self.batch_tokens = batch_tokens
+        # What a refused non-finite value names: the corpus, and how its sentences are counted.
+        self.corpus = corpus
+        self.unit = "sentence" if plan.input_format == "conllu" else "line"
+        # A pool-only cache stores no token rows: only its pooled vectors must be finite.
+        self.token_rows = not plan.pool_only
+        # The options a refused value names: how rows are stored, how they are selected, and what to change.
+        codec = plan.codec
+        if codec.quantized:
+            self.storage = f"{codec.dtype} codes (--quantize {codec.name})"
+        elif codec.dtype == "float16":
+            self.storage = "float16 (--fp16; it holds magnitudes up to 65504)"
+        else:
+            self.storage = codec.dtype
+        mix = plan.selection.mix
+        self.selection_option = (
+            "--layers" if mix is None else f"--mix {','.join(map(str, mix.weights))} --gamma {mix.gamma:g}"
+        )
+        self.fix = "lower --gamma or the --mix weights" if mix is not None else "check the model"
+        if codec.quantized:
+            self.fix += f", or drop --quantize {codec.name}"
+        elif codec.dtype == "float16":
+            self.fix += ", or drop --fp16"
         self.np_dtype = np.dtype(plan.dtype)
         self.row_shape = plan.row_shape(encoder.output_dim)
         self.codec = plan.bound_codec(encoder.output_dim)
@@ -123,9 +149,12 @@ class WindowEncoder:
                 )
             self.codec = trained
 
-    def _encode(self, batch: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Rows of the batch's sentences, concatenated in batch order, where each starts, and with --pool
-        each sentence's pooled vector (float32)."""
+    def _encode(
+        self, batch: list[list[str]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, str] | None]:
+        """Rows of the batch's sentences, concatenated in batch order, where each starts, with --pool each
+        sentence's pooled vector (float32), and the first sentence (its place in ``batch``) that would be stored
+        with a value that is not finite, with why (None: none)."""
         flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
         out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
         if self.selection.layers is not None:
@@ -137,7 +166,48 @@ class WindowEncoder:
             # device and equals numpy's (on CUDA the float32 rows cross once more for it).
             pooled = pool_batch(out.cpu().numpy(), starts, np.diff(offsets), self.pooling.method)
         # From the float32 rows, on the device: only the stored bytes (a cast, or codes and scales) cross.
-        return self.codec.encode(out), starts, pooled
+        stored = self.codec.encode(out)
+        return stored, starts, pooled, self._nonfinite(flat, out, stored, offsets, pooled)
+
+    def _nonfinite(
+        self, flat: torch.Tensor, out: torch.Tensor, stored: np.ndarray, offsets: np.ndarray, pooled: np.ndarray | None
+    ) -> tuple[int, str] | None:
+        """The first sentence of a batch that would be stored with a value that is not finite, and why (None:
+        none). Checked after the storage cast (the codec's :meth:`~RowCodec.nonfinite`: float16's overflow,
+        int8's scale, pq's input), so a reader never gets back what the build did not refuse: one check per
+        batch while all is well, the diagnosis only once something is wrong."""
+        import torch
+
+        bad = self.codec.nonfinite(out, stored) if self.token_rows else None
+        if bad is not None:
+            row = int(np.flatnonzero(bad)[0])
+            return int(np.searchsorted(offsets, row, "right")) - 1, self._why(flat[:, row], out[row], "its vectors")
+        if pooled is None or self.pooling is None:
+            return None
+        with np.errstate(over="ignore"):  # an overflowing cast is what this looks for, not a warning
+            bad = nonfinite_rows(pooled.astype(self.pooling.dtype, copy=False))
+        if bad is None:
+            return None
+        k = int(np.flatnonzero(bad)[0])
+        begin, end = int(offsets[k]), int(offsets[k + 1])
+        rows_bad = ~torch.isfinite(out[begin:end].reshape(end - begin, -1)).all(dim=1)
+        if bool(rows_bad.any()):  # its token rows already (a pool-only build stores none of them)
+            row = begin + int(torch.nonzero(rows_bad)[0, 0])
+            return k, self._why(flat[:, row], out[row], "its vectors")
+        what = f"its pooled vector (--pool {self.pooling.method})"
+        if np.isfinite(pooled[k]).all():
+            return k, f"{what} overflows when stored as {self.storage}; {self.fix}"
+        return k, f"{what} overflows float32; {self.fix}"
+
+    def _why(self, layers: torch.Tensor, row: torch.Tensor, what: str) -> str:
+        """Why a token's stored values are not finite: the model's own layers, the mix, or the storage cast."""
+        import torch
+
+        if not bool(torch.isfinite(layers).all()):
+            return "the model's vectors for it are not finite (a broken model: check --model and its weights)"
+        if not bool(torch.isfinite(row).all()):
+            return f"{what} overflow float32 ({self.selection_option}); {self.fix}"
+        return f"{what} overflow when stored as {self.storage}; {self.fix}"
 
     def encode(
         self,
@@ -147,6 +217,8 @@ class WindowEncoder:
         new: np.ndarray,
         rows_before: int,
         progress: Callable[[int], None] | None = None,
+        *,
+        first_line: int,
     ) -> tuple[np.ndarray, np.ndarray | None, int]:
         """The rows of one window's ``new`` sentences from row ``rows_before`` on, with --pool the pooled
         vector of each of its sentences (zeros for empty ones, and for repeats until the store's finish
@@ -175,7 +247,14 @@ class WindowEncoder:
                 cost += int(lengths[todo[stop]]) + 2
                 stop += 1
             batch = todo[start:stop]
-            out, starts, batch_pooled = self._encode([tokens[i] for i in batch])
+            out, starts, batch_pooled, problem = self._encode([tokens[i] for i in batch])
+            if problem is not None:
+                # Raised before this window reaches a writer: nothing of it is stored, what was committed stays.
+                k, why = problem
+                raise InvalidParameterError(
+                    f"{self.corpus}, {self.unit} {first_line + batch[k] + 1}: not finite once stored: {why}. "
+                    "Nothing was published; the lines committed before are kept"
+                )
             for k, i in enumerate(batch):
                 begin, length = int(offsets[i]) - rows_before, int(lengths[i])
                 vectors[begin : begin + length] = out[starts[k] : starts[k] + length]

@@ -192,7 +192,9 @@ def _encode_window(
 ) -> _Encoded:
     offsets, new = assign_window(window, rows_before, seen)
     progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
-    vectors, pooled, encoded = encode.encode(window.tokens, window.lengths, offsets, new, rows_before, progress)
+    vectors, pooled, encoded = encode.encode(
+        window.tokens, window.lengths, offsets, new, rows_before, progress, first_line=window.first_line
+    )
     return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled)
 
 
@@ -323,7 +325,7 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, wr
     batch_tokens = default_batch_tokens(options, getattr(getattr(encoder, "device", None), "type", "cpu"))
     committed = writer.hashes.read(progress.lines) if progress.lines else None
     seen = _seen_sentences(writer, committed) if options.dedupe else None
-    encode = WindowEncoder(encoder, plan, batch_tokens)
+    encode = WindowEncoder(encoder, plan, batch_tokens, source.name)
     bar = _progress_bar(source, progress.lines) if options.progress else None
     windows: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()

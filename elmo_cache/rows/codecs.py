@@ -36,6 +36,7 @@ __all__ = [
     "codec_for_option",
     "codec_of_metadata",
     "invalid_option",
+    "nonfinite_rows",
     "register_builtin",
     "unregister_codec",
     "codec_for_reading",
@@ -118,6 +119,13 @@ class RowCodec(Protocol):
 
     def encode(self, x: torch.Tensor) -> np.ndarray:
         """float32 rows ``(..., dim)`` (or ``(..., slots, dim)``) on any device as stored rows (host numpy)."""
+        ...
+
+    def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
+        """Which rows of ``stored`` (``encode(x)``, one per token) a reader would get back with a value that is not
+        finite: a boolean per row, or None when none (the build refuses them). "Once stored" differs per codec:
+        float16 overflows past 65504, int8 keeps a non-finite scale, pq's codes are always finite but mean
+        nothing for a non-finite ``x``. Cheap when everything is finite: one check over the batch."""
         ...
 
     def train(self, sample: np.ndarray) -> RowCodec:
@@ -293,6 +301,14 @@ class UndecodedSentence:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.dequantize()
         return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def nonfinite_rows(values: np.ndarray) -> np.ndarray | None:
+    """Which rows (first axis) of ``values`` hold a value that is not finite, or None when none: one check over
+    the whole array first, since a build calls this on every batch and almost never finds one."""
+    if np.isfinite(values).all():
+        return None
+    return ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
 
 
 def pad_floats(arrays: Sequence[Any], max_tokens: int) -> torch.Tensor:
@@ -551,6 +567,10 @@ class FloatCodec(UntrainedCodec):
         # Cast on the device, so only the stored bytes cross to the host.
         dtype = torch.float16 if self.float_dtype == "float16" else torch.float32
         return x.to(dtype, memory_format=torch.contiguous_format).cpu().numpy()
+
+    def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
+        # After the cast: float16 turns magnitudes past 65504 into inf.
+        return nonfinite_rows(stored)
 
     def decode(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(rows, dtype=np.float32)

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError, InvalidParameterError
-from elmo_cache.rows.codecs import CodecEntry, QuantizedCodec, UndecodedSentence, invalid_option, register_builtin
+from elmo_cache.rows.codecs import (
+    CodecEntry,
+    QuantizedCodec,
+    UndecodedSentence,
+    invalid_option,
+    nonfinite_rows,
+    register_builtin,
+)
 from elmo_cache.store.format import CODEBOOKS as CODEBOOKS_ARRAY
 from elmo_cache.store.format import OPQ_ROTATION
 
@@ -285,6 +292,15 @@ class ProductQuantization(QuantizedCodec):
         return self.rotation
 
     # -- writing ----------------------------------------------------------------------------------
+
+    def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
+        # Codes are always finite, but a vector with a NaN or inf gets arbitrary ones: the floats decide. One
+        # reduction on the device, and a copy to the host only when something is wrong.
+        import torch
+
+        if bool(torch.isfinite(x).all()):
+            return None
+        return nonfinite_rows(x.float().cpu().numpy())
 
     def quantize(self, x: torch.Tensor) -> np.ndarray:
         """Rows ``(..., slots, dim)`` (or ``(..., dim)`` for a mix) of float32, on any device, as stored

@@ -34,6 +34,7 @@ from elmo_cache.rows.codecs import (
     UndecodedSentence,
     UntrainedCodec,
     invalid_option,
+    nonfinite_rows,
     register_builtin,
 )
 from elmo_cache.store.format import QUANTIZED_DTYPE, SCALE_BYTES
@@ -122,6 +123,11 @@ class Quantization(UntrainedCodec, QuantizedCodec):
         out[..., : self.dim] = codes.cpu().numpy()
         out[..., self.dim :] = scale.cpu().numpy().astype("<f4").view(np.int8)
         return out
+
+    def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
+        # A row reads back as codes times its float32 scale: the codes are bounded, so the scale decides
+        # (inf or NaN for a non-finite vector, or one whose largest magnitude overflows the division).
+        return nonfinite_rows(self.split(stored)[1])
 
     # -- reading ----------------------------------------------------------------------------------
 

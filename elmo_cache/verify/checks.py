@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
-from elmo_cache.rows.codecs import stored_row_shape
+from elmo_cache.rows.codecs import codec_of_metadata, nonfinite_rows, stored_row_shape
 from elmo_cache.store import open_with_library
 from elmo_cache.store.format import (
     FORMAT_VERSIONS,
@@ -94,6 +94,7 @@ def verify(
             report.problems.append(f"cannot read the arrays ({type(exc).__name__}: {exc})")
         if report.problems:
             return report
+        _check_finite(meta, arrays, report)
         check_pooled(meta, arrays, report)
         if report.problems:
             return report
@@ -247,6 +248,33 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         problems.append("index/rows holds sentence numbers out of range or repeated")
     else:
         report.checks.append("index sorted, rows in range")
+
+
+_FINITE_BLOCK_ROWS = 1 << 16
+
+
+def _check_finite(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
+    """The first sentence whose stored vectors read back with a value that is not finite (a float16 overflow, an
+    int8 scale of inf: builds before the build refused them wrote such caches, and a reader returns them)."""
+    vectors = arrays["vectors"]
+    n_rows = int(vectors.shape[0])
+    if not n_rows:
+        return
+    codec = codec_of_metadata(meta).with_arrays(arrays, "verify")
+    for start in range(0, n_rows, _FINITE_BLOCK_ROWS):
+        bad = nonfinite_rows(codec.decode(np.asarray(vectors[start : start + _FINITE_BLOCK_ROWS])))
+        if bad is None:
+            continue
+        row = start + int(np.flatnonzero(bad)[0])
+        offsets = np.asarray(arrays["offsets"][:], dtype=np.int64)
+        lengths = np.asarray(arrays["lengths"][:], dtype=np.int64)
+        owners = np.flatnonzero((offsets <= row) & (row < offsets + lengths))
+        where = f"sentence {int(owners[0])} (line {int(owners[0]) + 1})" if len(owners) else f"row {row}"
+        report.problems.append(
+            f"vectors: {where} reads back with values that are not finite (row {row}); rebuild the cache (this "
+            "elmo-cache refuses such values and names the option that overflowed)"
+        )
+        return
 
 
 def _check_tokens(

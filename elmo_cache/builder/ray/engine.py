@@ -250,6 +250,7 @@ class RayRun:
             batch_tokens,
             max(1, int(cpus_per_worker)),
             int(fail) if fail else None,
+            job.source.name,
         )
         self.statuses: list[dict[str, Any]] = []
         self.parts_seconds = 0.0

@@ -124,6 +124,8 @@ class PartJob:
     torch_threads: int
     # The part made to fail (FAIL_PART_ENV), None normally.
     fail_part: int | None
+    # The corpus as errors name it (a refused non-finite value names its line in it).
+    corpus: str = "the corpus"
 
 
 def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpec) -> dict[str, Any]:
@@ -143,7 +145,9 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
         with torch.inference_mode():
             for w in range(spec.first_window, spec.end_window):
                 window, offsets, new, first_row = plan.window(w)
-                vectors, window_pooled, count = encode.encode(window.tokens, window.lengths, offsets, new, first_row)
+                vectors, window_pooled, count = encode.encode(
+                    window.tokens, window.lengths, offsets, new, first_row, first_line=window.first_line
+                )
                 if sink is not None:
                     sink.add(vectors)
                 # The encoding's values of the declared columns, by name (today the pooled vectors alone).
@@ -183,7 +187,7 @@ class PartWriter:
         encoder = Encoder.load(
             job.model_files, device=job.device, precision=job.precision, initial_state=job.initial_state
         )
-        self.encode = WindowEncoder(encoder, job.plan, job.batch_tokens)
+        self.encode = WindowEncoder(encoder, job.plan, job.batch_tokens, job.corpus)
         plan = load_first_pass(job.staging / BUILD_DIR / PLAN_DIR)
         if plan is None:
             raise CacheFormatError(f"{job.staging}: the build plan is missing on this worker (is the folder shared?)")
