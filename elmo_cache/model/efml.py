@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from elmo_cache.errors import ModelNotFoundError, OptionsError, WeightFileError
-from elmo_cache.model.options import ModelOptions
+from elmo_cache.model.options import LIMITS, ModelOptions, bounded_filters, bounded_int, finite_clip
 from elmo_cache.model.weights import ElmoWeights, LstmWeights
 
 __all__ = [
@@ -129,9 +129,9 @@ def _field(section: Mapping[str, Any], key: str, where: str) -> Any:
     return section[key]
 
 
-def _clip(value: Any) -> float | None:
+def _clip(value: Any, source: str, key: str) -> float | None:
     # The package clips only when the value is truthy (0 and null: no clipping).
-    return float(value) if value else None
+    return finite_clip(value, source=source, key=key) if value else None
 
 
 def parse_config(raw: Mapping[str, Any], source: str) -> tuple[ModelOptions, dict[str, Any]]:
@@ -153,51 +153,44 @@ def parse_config(raw: Mapping[str, Any], source: str) -> tuple[ModelOptions, dic
         sections[part] = section
     cnn, enc = sections["token_embedder"], sections["encoder"]
     where_cnn, where_enc = f"{source} token_embedder", f"{source} encoder"
-    try:
-        normal: dict[str, Any] = {
-            "format": FORMAT,
-            "token_embedder": {
-                "name": "cnn",
-                "activation": str(_field(cnn, "activation", where_cnn)),
-                "filters": [[int(w), int(n)] for w, n in _field(cnn, "filters", where_cnn)],
-                "n_highway": int(_field(cnn, "n_highway", where_cnn)),
-                "word_dim": int(_field(cnn, "word_dim", where_cnn)),
-                "char_dim": int(_field(cnn, "char_dim", where_cnn)),
-                "max_characters_per_token": int(_field(cnn, "max_characters_per_token", where_cnn)),
-            },
-            "encoder": {
-                "name": "elmo",
-                "projection_dim": int(_field(enc, "projection_dim", where_enc)),
-                "dim": int(_field(enc, "dim", where_enc)),
-                "n_layers": int(_field(enc, "n_layers", where_enc)),
-                "cell_clip": _clip(_field(enc, "cell_clip", where_enc)),
-                "proj_clip": _clip(_field(enc, "proj_clip", where_enc)),
-            },
-        }
-    except (TypeError, ValueError) as exc:
-        raise OptionsError(f"{source}: malformed value ({exc})") from None
-    te: dict[str, Any] = normal["token_embedder"]
-    en: dict[str, Any] = normal["encoder"]
-    if te["activation"] not in _ACTIVATIONS:
+
+    # Every integer is bounded by the same LIMITS as a bilm-tf options.json, before anything it
+    # sizes is allocated; errors name the config file and the key as the config spells it.
+    def number(section: Mapping[str, Any], part: str, key: str, low: int, limit: str) -> int:
+        value = _field(section, key, f"{source} {part}")
+        return bounded_int(value, source=source, key=f"{part}.{key}", low=low, high=LIMITS[limit])
+
+    activation = str(_field(cnn, "activation", where_cnn))
+    if activation not in _ACTIVATIONS:
+        raise OptionsError(f"{source}: token_embedder.activation {activation!r} is not one of {list(_ACTIVATIONS)}")
+    char_dim = _field(cnn, "char_dim", where_cnn)
+    if isinstance(char_dim, (int, float)) and not isinstance(char_dim, bool) and char_dim < 1:
         raise OptionsError(
-            f"{source}: token_embedder.activation {te['activation']!r} is not one of {list(_ACTIVATIONS)}"
-        )
-    if te["char_dim"] < 1:
-        raise OptionsError(
-            f"{source}: token_embedder.char_dim is {te['char_dim']}; elmo-cache loads only models with "
+            f"{source}: token_embedder.char_dim is {char_dim}; elmo-cache loads only models with "
             "characters (char_dim > 0), as the published ones"
         )
-    for key in ("projection_dim", "dim", "n_layers"):
-        if en[key] < 1:
-            raise OptionsError(f"{source}: encoder.{key} must be positive")
-    if te["word_dim"] < 0 or te["n_highway"] < 0 or te["max_characters_per_token"] < 3 or not te["filters"]:
-        raise OptionsError(
-            f"{source}: token_embedder: word_dim and n_highway must be >= 0, max_characters_per_token >= 3, "
-            "filters not empty"
-        )
-    for width, num in te["filters"]:
-        if not 1 <= width <= te["max_characters_per_token"] or num < 1:
-            raise OptionsError(f"{source}: token_embedder.filters: bad filter [{width}, {num}]")
+    max_chars = number(cnn, "token_embedder", "max_characters_per_token", 3, "max_characters_per_token")
+    te: dict[str, Any] = {
+        "name": "cnn",
+        "activation": activation,
+        "filters": [
+            list(f)
+            for f in bounded_filters(_field(cnn, "filters", where_cnn), source, "token_embedder.filters", max_chars)
+        ],
+        "n_highway": number(cnn, "token_embedder", "n_highway", 0, "n_highway"),
+        "word_dim": number(cnn, "token_embedder", "word_dim", 0, "word_dim"),
+        "char_dim": number(cnn, "token_embedder", "char_dim", 1, "char_embedding_dim"),
+        "max_characters_per_token": max_chars,
+    }
+    en: dict[str, Any] = {
+        "name": "elmo",
+        "projection_dim": number(enc, "encoder", "projection_dim", 1, "projection_dim"),
+        "dim": number(enc, "encoder", "dim", 1, "lstm_dim"),
+        "n_layers": number(enc, "encoder", "n_layers", 1, "n_layers"),
+        "cell_clip": _clip(_field(enc, "cell_clip", where_enc), source, "encoder.cell_clip"),
+        "proj_clip": _clip(_field(enc, "proj_clip", where_enc), source, "encoder.proj_clip"),
+    }
+    normal: dict[str, Any] = {"format": FORMAT, "token_embedder": te, "encoder": en}
     options = ModelOptions(
         char_embedding_dim=te["char_dim"],
         filters=tuple((w, n) for w, n in te["filters"]),

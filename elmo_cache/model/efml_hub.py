@@ -4,28 +4,45 @@ HIT-SCIR published one archive per language (their README's download table); ``-
 or ``Encoder.load("efml-de")`` downloads it once (pooch) into ``models_dir()/efml-de/``, unpacks it
 there and loads the directory with :mod:`elmo_cache.model.efml`; later loads find the unpacked
 files and need no network. An archive is unpacked only after every member was checked: absolute
-paths, ``..`` components and anything but plain files and folders (links, devices) are refused.
-The archive is removed once unpacked. Which source answers the names is :mod:`.sources`' business.
+paths, ``..`` components and anything but plain files and folders (links, devices) are refused,
+and so is an archive of more members or more unpacked bytes than :class:`UnpackLimits` allows
+(checked on the sizes the archive declares before anything is written, and on the bytes actually
+written while unpacking). Members are written into a temporary folder that is removed on refusal,
+so nothing is left half-unpacked. The archive is removed once unpacked. Which source answers the
+names is :mod:`.sources`' business.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import stat
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from elmo_cache.errors import ModelDownloadError
+from elmo_cache.errors import InvalidParameterError, ModelDownloadError
 from elmo_cache.model import efml, hub
 
-__all__ = ["PREFIX", "PublishedEfml", "EFML_MODELS", "local_dir", "find_model_dir", "download", "unpack"]
+__all__ = [
+    "PREFIX",
+    "PublishedEfml",
+    "EFML_MODELS",
+    "MAX_BYTES_ENV",
+    "MAX_MEMBERS_ENV",
+    "UnpackLimits",
+    "local_dir",
+    "find_model_dir",
+    "download",
+    "unpack",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -171,44 +188,129 @@ def _target(archive: Path, root: Path, name: str) -> Path:
     return target
 
 
-def _copy(stream: IO[bytes] | None, target: Path) -> None:
+MAX_BYTES_ENV = "ELMO_CACHE_UNPACK_MAX_BYTES"
+"""Environment variable raising (or lowering) :attr:`UnpackLimits.max_bytes`."""
+MAX_MEMBERS_ENV = "ELMO_CACHE_UNPACK_MAX_MEMBERS"
+"""Environment variable raising (or lowering) :attr:`UnpackLimits.max_members`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UnpackLimits:
+    """How much an archive may unpack to. A published ELMoForManyLangs archive is one model of a few
+    hundred MB unpacked in six files (a folder, config.json, the model config, two dictionaries, two
+    weight files): the defaults leave room for ten times that, and refuse a zip bomb (a 1 MB zip
+    can unpack to 1 GiB) before it fills the disk."""
+
+    # Total bytes of all members once unpacked.
+    max_bytes: int = 4 << 30
+    # Members (files and folders) in the archive.
+    max_members: int = 10_000
+
+    @classmethod
+    def from_env(cls) -> UnpackLimits:
+        """The defaults, each replaced by its environment variable (a positive integer) where set."""
+        return cls(
+            max_bytes=_env_int(MAX_BYTES_ENV, cls.max_bytes), max_members=_env_int(MAX_MEMBERS_ENV, cls.max_members)
+        )
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidParameterError(f"{name} is {raw!r}; it must be a positive integer")
+    return int(raw)
+
+
+def _too_big(archive: Path, limits: UnpackLimits, what: str) -> ModelDownloadError:
+    return ModelDownloadError(
+        f"{archive}: {what}, above the limit of {limits.max_bytes} bytes unpacked (set {MAX_BYTES_ENV} "
+        "to raise it); refused, nothing was unpacked"
+    )
+
+
+def _copy(archive: Path, name: str, stream: IO[bytes] | None, target: Path, declared: int) -> int:
+    """Copy one member, counting what is written: a member that yields more than it declared is
+    refused before the excess reaches the disk (with the declared sizes checked against the limit
+    beforehand, this bounds the total too, whatever the reader trusts). Returns the bytes written."""
     assert stream is not None
     target.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
     with stream, open(target, "wb") as out:
-        shutil.copyfileobj(stream, out, 1 << 22)
+        while True:
+            try:
+                chunk = stream.read(1 << 22)
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+                # zipfile stops at the declared size and then finds the CRC wrong: a member whose
+                # data is longer than it declares ends here.
+                raise _bad(archive, name, f"damaged or not the {declared} bytes it declares ({exc})") from None
+            if not chunk:
+                return written
+            written += len(chunk)
+            if written > declared:
+                raise _bad(archive, name, f"larger than the {declared} bytes it declares")
+            out.write(chunk)
 
 
-# An archive member: its name, whether it is a folder, and how to open its data.
-_Member = tuple[str, bool, Callable[[], IO[bytes] | None]]
+# An archive member: its name, whether it is a folder, its declared size and how to open its data.
+_Member = tuple[str, bool, int, Callable[[], IO[bytes] | None]]
 
 
-def unpack(archive: Path, into: Path) -> None:
-    """Unpack a zip or tar archive into ``into``, once every member's name and kind was checked."""
-    root = into.resolve()
+def unpack(archive: Path, into: Path, limits: UnpackLimits | None = None) -> None:
+    """Unpack a zip or tar archive into ``into``, once every member's name and kind was checked and
+    the archive is within ``limits`` (default: :meth:`UnpackLimits.from_env`). The members are
+    written to a temporary folder in ``into`` first and moved into place only when all of them are
+    written; on any error that folder is removed, so nothing is left half-unpacked."""
+    limits = UnpackLimits.from_env() if limits is None else limits
+    into.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=into))
+    try:
+        _unpack(archive, staging.resolve(), limits)
+        for entry in staging.iterdir():
+            entry.replace(into / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _unpack(archive: Path, root: Path, limits: UnpackLimits) -> None:
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()
             link = "a symbolic link"
             _check(archive, [(i.filename, link if stat.S_ISLNK(i.external_attr >> 16) else None) for i in infos])
-            _write_members(archive, root, [(i.filename, i.is_dir(), partial(zf.open, i)) for i in infos])
+            zip_members: list[_Member] = [(i.filename, i.is_dir(), i.file_size, partial(zf.open, i)) for i in infos]
+            _write_members(archive, root, zip_members, limits)
         return
     if not tarfile.is_tarfile(archive):
         raise ModelDownloadError(f"{archive} is neither a zip nor a tar archive (a server's error page?)")
     with tarfile.open(archive) as tf:
-        members = tf.getmembers()
+        tar_members = tf.getmembers()
         plain = "not a plain file or folder (a link or a device)"
-        _check(archive, [(m.name, None if m.isfile() or m.isdir() else plain) for m in members])
-        _write_members(archive, root, [(m.name, m.isdir(), partial(tf.extractfile, m)) for m in members])
+        _check(archive, [(m.name, None if m.isfile() or m.isdir() else plain) for m in tar_members])
+        members: list[_Member] = [
+            (m.name, m.isdir(), 0 if m.isdir() else m.size, partial(tf.extractfile, m)) for m in tar_members
+        ]
+        _write_members(archive, root, members, limits)
 
 
-def _write_members(archive: Path, root: Path, members: list[_Member]) -> None:
-    """Write checked archive members ``(name, is a folder, open its data)`` under ``root``."""
-    for name, is_dir, open_member in members:
+def _write_members(archive: Path, root: Path, members: list[_Member], limits: UnpackLimits) -> None:
+    """Write checked archive members ``(name, is a folder, declared size, open its data)`` under ``root``:
+    refused first on their number and declared sizes, then on the bytes actually written."""
+    if len(members) > limits.max_members:
+        raise ModelDownloadError(
+            f"{archive}: holds {len(members)} members, above the limit of {limits.max_members} (set "
+            f"{MAX_MEMBERS_ENV} to raise it); refused, nothing was unpacked"
+        )
+    declared = sum(size for _, _, size, _ in members)
+    if declared > limits.max_bytes:
+        raise _too_big(archive, limits, f"its members declare {declared} bytes")
+    for name, is_dir, size, open_member in members:
         target = _target(archive, root, name)
         if is_dir:
             target.mkdir(parents=True, exist_ok=True)
         else:
-            _copy(open_member(), target)
+            _copy(archive, name, open_member(), target, size)
 
 
 # ------------------------------------------------------------------------------- download

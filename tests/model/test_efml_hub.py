@@ -214,3 +214,98 @@ def test_unpack_refuses_before_writing(tmp_path):
     with pytest.raises(ModelDownloadError, match="'..' component"):
         efml_hub.unpack(archive, tmp_path / "out")
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+# ------------------------------------------------------------------ unpacking limits (issue 33, item 5)
+def _zip_bomb(archive: Path, sizes: list[int]) -> Path:
+    """A zip whose members are runs of zeros: a few KB compressed, ``sizes`` bytes unpacked."""
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i, size in enumerate(sizes):
+            zf.writestr(f"m/part{i}.bin", bytes(size))
+    return archive
+
+
+def _tar_bomb(archive: Path, sizes: list[int]) -> Path:
+    with tarfile.open(archive, "w:bz2") as tf:
+        for i, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"m/part{i}.bin")
+            info.size = size
+            tf.addfile(info, io.BytesIO(bytes(size)))
+    return archive
+
+
+def _left(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("make", [_zip_bomb, _tar_bomb], ids=["zip", "tar"])
+def test_an_archive_unpacking_past_the_byte_limit_is_refused_before_writing(tmp_path, make):
+    archive = make(tmp_path / ("bomb.zip" if make is _zip_bomb else "bomb.tar.bz2"), [600_000])
+    assert archive.stat().st_size < 10_000  # small on disk, 600 kB unpacked
+    with pytest.raises(ModelDownloadError) as info:
+        efml_hub.unpack(archive, tmp_path / "out", efml_hub.UnpackLimits(max_bytes=100_000))
+    message = str(info.value)
+    assert str(archive) in message and "100000 bytes" in message and efml_hub.MAX_BYTES_ENV in message
+    assert _left(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("make", [_zip_bomb, _tar_bomb], ids=["zip", "tar"])
+def test_members_each_small_but_over_the_total_are_refused(tmp_path, make):
+    archive = make(tmp_path / ("many.zip" if make is _zip_bomb else "many.tar.bz2"), [40_000] * 5)
+    with pytest.raises(ModelDownloadError, match=r"declare 200000 bytes, above the limit of 100000 bytes"):
+        efml_hub.unpack(archive, tmp_path / "out", efml_hub.UnpackLimits(max_bytes=100_000))
+    assert _left(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("make", [_zip_bomb, _tar_bomb], ids=["zip", "tar"])
+def test_an_archive_of_too_many_members_is_refused(tmp_path, make, monkeypatch):
+    archive = make(tmp_path / ("many.zip" if make is _zip_bomb else "many.tar.bz2"), [1] * 12)
+    monkeypatch.setenv(efml_hub.MAX_MEMBERS_ENV, "10")
+    with pytest.raises(ModelDownloadError) as info:
+        efml_hub.unpack(archive, tmp_path / "out")
+    message = str(info.value)
+    assert str(archive) in message and "12 members, above the limit of 10" in message
+    assert efml_hub.MAX_MEMBERS_ENV in message and _left(tmp_path / "out") == []
+    monkeypatch.setenv(efml_hub.MAX_MEMBERS_ENV, "12")  # raised: the same archive unpacks
+    efml_hub.unpack(archive, tmp_path / "out")
+    assert len(list((tmp_path / "out" / "m").iterdir())) == 12
+
+
+def test_the_byte_limit_is_raised_by_its_environment_variable(tmp_path, monkeypatch):
+    archive = _zip_bomb(tmp_path / "a.zip", [5000])
+    monkeypatch.setenv(efml_hub.MAX_BYTES_ENV, "4999")
+    with pytest.raises(ModelDownloadError, match="limit of 4999 bytes"):
+        efml_hub.unpack(archive, tmp_path / "out")
+    monkeypatch.setenv(efml_hub.MAX_BYTES_ENV, "5000")
+    efml_hub.unpack(archive, tmp_path / "out")
+    assert (tmp_path / "out" / "m" / "part0.bin").stat().st_size == 5000
+    assert efml_hub.UnpackLimits() == efml_hub.UnpackLimits(max_bytes=4 << 30, max_members=10_000)
+
+
+def _forge_sizes(archive: Path, declared: int) -> None:
+    """Rewrite every size a zip declares (local headers and central directory) to ``declared``."""
+    data = bytearray(archive.read_bytes())
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        start = 0
+        while (start := data.find(signature, start)) != -1:
+            data[start + offset : start + offset + 4] = declared.to_bytes(4, "little")
+            start += 4
+    archive.write_bytes(bytes(data))
+
+
+def test_a_zip_whose_members_decompress_past_their_declared_size_is_refused(tmp_path):
+    archive = _zip_bomb(tmp_path / "liar.zip", [600_000])
+    _forge_sizes(archive, 10)  # declares 10 bytes: within any limit before writing
+    with pytest.raises(ModelDownloadError) as info:
+        efml_hub.unpack(archive, tmp_path / "out", efml_hub.UnpackLimits(max_bytes=100_000))
+    assert str(archive) in str(info.value) and "not the 10 bytes it declares" in str(info.value)
+    assert _left(tmp_path / "out") == []
+
+
+def test_bytes_written_are_counted_whatever_the_member_declares(tmp_path):
+    """A reader that hands over more than the member declared (zipfile and tarfile stop at the
+    declared size; this guards any that would not): refused before the excess is written."""
+    member = ("m/big.bin", False, 10, lambda: io.BytesIO(bytes(600_000)))
+    with pytest.raises(ModelDownloadError, match="'m/big.bin' is larger than the 10 bytes it declares"):
+        efml_hub._write_members(tmp_path / "liar.zip", tmp_path, [member], efml_hub.UnpackLimits())
+    assert (tmp_path / "m" / "big.bin").stat().st_size == 0
