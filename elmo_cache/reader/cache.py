@@ -61,7 +61,8 @@ class Cache:
     end) as a read-only array: ``(n_layers, n_tokens, dim)`` for a layered cache (a transposed,
     zero-copy view of the token-major rows where the format allows) or ``(n_tokens, dim)`` for
     a mixed one, in the stored dtype (float32 decoded from a quantised cache; :meth:`quantized` gives
-    the codes). Slices and integer (or boolean) index arrays return lists of such arrays. The
+    the codes). Slices and integer (or boolean) index arrays return lists of such arrays; any other
+    index (a bool, a float, a string: :meth:`get` looks sentences up by text) is a TypeError. The
     arrays stay valid after :meth:`close`.
 
     A cache pickles as its path, so it can be handed to worker processes; each reopens it.
@@ -278,6 +279,14 @@ class Cache:
         return self.codec.raw(self._sentence(self._position(i), stored=True))
 
     def _position(self, key: Any) -> int:
+        """Sentence number ``key`` checked: an int or numpy integer, never a bool (``True`` is not
+        sentence 1), a float or a string (``int("3")`` would read sentence 3)."""
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"sentence numbers are integers, not {type(key).__name__}")
+        return self._in_range(key)
+
+    def _in_range(self, key: Any) -> int:
+        """``key`` (an integer) as a sentence number from 0, or IndexError."""
         i = int(key)
         if i < 0:
             i += self._n
@@ -288,14 +297,17 @@ class Cache:
     def __getitem__(self, key: Any) -> Any:
         if self._vectors is None:
             self._require()
-        if isinstance(key, (int, np.integer)):
-            return self._sentence(self._position(key))
+        # The hot path: a type test that excludes bool (an int subclass) costs one class comparison more.
+        if isinstance(key, (int, np.integer)) and key.__class__ is not bool:
+            return self._sentence(self._in_range(key))
         if isinstance(key, slice):
             return [self._sentence(i) for i in range(*key.indices(self._n))]
         if isinstance(key, (str, bytes)):
             raise TypeError(f"cache indices are sentence numbers; use cache.get({key!r}) to look a sentence up by text")
         index = np.asarray(key)
         if index.dtype == bool:
+            if index.ndim == 0:  # True, np.True_: a mask needs one value per sentence, and a bool is no number
+                raise TypeError(f"cache indices must be integers, slices or integer/boolean arrays, got {key!r}")
             if index.shape != (self._n,):
                 raise IndexError(
                     f"boolean index of shape {index.shape} does not match the {self._n} sentences of {self.path}"
@@ -303,7 +315,7 @@ class Cache:
             index = np.flatnonzero(index)
         elif index.size and index.dtype.kind not in "iu":
             raise TypeError(f"cache indices must be integers, slices or integer/boolean arrays, got {index.dtype}")
-        return [self._sentence(self._position(i)) for i in index.reshape(-1).tolist()]
+        return [self._sentence(self._in_range(i)) for i in index.reshape(-1).tolist()]  # ints from an int array
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for i in range(self._n):

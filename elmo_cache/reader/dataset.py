@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
@@ -70,6 +71,10 @@ class CacheDataset(Dataset):
         return self._length
 
     def __getitem__(self, i: int) -> Any:
+        # Checked here, not only by the cache: the extra fields are indexed too, and a label list would
+        # answer dataset[True] with its item 1, or a numpy field dataset[[1, 2]] with two labels.
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"CacheDataset indices are sentence numbers (int), not {type(i).__name__}")
         cache = self.cache
         # Quantised: the codes and scales travel (a quarter of the floats' bytes); collate decodes the batch.
         vectors = cache.quantized(i) if cache.codec.quantized else cache[i]

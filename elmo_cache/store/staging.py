@@ -23,6 +23,7 @@ from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.columns import HASHES, TEXT, TEXT_ENDS, Column, sentence_columns
 from elmo_cache.store.durable import ChunkedColumn, RawColumn, atomic_write_json
 from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY, PROGRESS_FILE, TEXT_ENCODING, staging_path
+from elmo_cache.store.lock import check_held
 from elmo_cache.store.pooled import rows_with_repeats
 from elmo_cache.store.sentence_index import index_in_memory, sort_index
 from elmo_cache.text.tokenize import sentence_key
@@ -400,6 +401,9 @@ class Writer:
 
     def commit(self, *, done: bool = False, seconds: float = 0.0, encoded_tokens: int = 0) -> None:
         """Make everything appended durable, then record it in ``progress.json``."""
+        # Before anything is synced or recorded: a build whose lock was lost to another stops here, and its
+        # uncommitted appends stay garbage that a resume cuts off.
+        check_held(self.output)
         extra = self._sync_vectors()
         for column in self.columns.values():
             column.sync()

@@ -105,3 +105,16 @@ def test_workers_give_the_same_batches(layered, mixed, context):
             assert torch.equal(a.vectors, b.vectors)
             assert torch.equal(a.mask, b.mask)
             assert torch.equal(a.fields[0], b.fields[0])
+
+
+def test_dataset_indices_are_sentence_numbers(layered):
+    """dataset[True] is no sentence 1 and no label 1; numpy integers still index (issue 33, item 8)."""
+    labels = list(range(len(LINES)))
+    ds = CacheDataset(layered, labels)
+    for bad in (True, np.True_, 1.0, "1", [1, 2], np.array([1, 2]), slice(0, 2)):
+        with pytest.raises(TypeError, match="sentence numbers"):
+            ds[bad]
+    vectors, label = ds[np.int64(4)]
+    with elmo_cache.open(layered) as cache:
+        np.testing.assert_array_equal(vectors, cache[4])
+    assert label == 4

@@ -194,3 +194,33 @@ def test_close_context_manager_and_pickle(make_cache):
     with pytest.raises(ValueError, match="closed"):
         cache[0]
     np.testing.assert_array_equal(kept, want)  # arrays handed out stay valid
+
+
+def test_index_types_are_checked(make_cache):
+    """A bool, a float or a numeric string is no sentence number (``True`` used to read sentence 1);
+    numpy integers and integer or boolean arrays still index (issue 33, item 8)."""
+    with elmo_cache.open(make_cache(layers=(1, 2))) as cache:
+        n = len(cache)
+        for bad in (True, False, np.True_, np.array(True), 1.0, np.float64(2), "1", b"1", None, 1 + 0j):
+            with pytest.raises(TypeError):
+                cache[bad]
+        for bad in (True, 1.0, "1", np.float32(3)):
+            with pytest.raises(TypeError, match="sentence numbers are integers"):
+                cache.tokens(bad)
+            if not isinstance(bad, str):  # a string is a text to look up there
+                with pytest.raises(TypeError):
+                    cache.sentence_vector(bad, pool="mean")
+        for good in (np.int64(4), np.int32(4), np.uint8(4), np.intp(4 - n)):
+            np.testing.assert_array_equal(cache[good], direct(cache.path, 4))
+        assert cache.tokens(np.int64(0)) == tokenize(LINES[0])
+        np.testing.assert_array_equal(cache.sentence_vector(np.int64(0), pool="mean"), cache.sentence_vector(0, "mean"))
+        for picked in (cache[np.array([4, 0], dtype=np.int64)], cache[[4, 0]], cache[np.array([4, 0], np.uint16)]):
+            np.testing.assert_array_equal(picked[0], direct(cache.path, 4))
+            np.testing.assert_array_equal(picked[1], direct(cache.path, 0))
+        mask = np.zeros(n, dtype=bool)
+        mask[[0, 4]] = True
+        for chosen in (cache[mask], cache[mask.tolist()]):
+            assert len(chosen) == 2
+            np.testing.assert_array_equal(chosen[1], direct(cache.path, 4))
+        with pytest.raises(TypeError, match="integer/boolean arrays"):
+            cache[np.array([1.0, 2.0])]

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from elmo_cache.builder import BuildOptions, build
 from elmo_cache.cli.main import cli
 from elmo_cache.errors import IncompleteCacheError, OutputLockedError
 from elmo_cache.store.format import staging_path
-from elmo_cache.store.lock import current_builder, lock_path, output_lock
+from elmo_cache.store.lock import check_held, current_builder, lock_path, output_lock
 from tests._build_fixtures import corpus_lines, write_corpus
 from tests.builder.test_resume import _command
 
@@ -166,3 +167,103 @@ def test_lock_errors_are_clear(tmp_path):
         owner = current_builder(output)
         assert owner is not None and owner.pid == os.getpid() and owner.host == socket.gethostname()
     assert not lock_path(output).exists()
+
+
+def test_deleting_the_lock_file_of_a_running_build_never_lets_a_second_one_start(tmp_path, tiny_model, tiny_encoder):
+    """The lock survives its file: a second build is still refused with who builds, readers still see
+    the build, and the first one finishes a correct cache (issue 33, item 6)."""
+    output = tmp_path / "c.zarr"
+    process = _build_from_stdin(output, tiny_model, LINES[:10])
+    try:
+        with process.stdin as stream:
+            deadline = time.monotonic() + 60
+            while _committed(output) <= 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            lock_path(output).unlink()
+            expected = f"is being built by pid {process.pid} on {socket.gethostname()}"
+
+            corpus = write_corpus(tmp_path / "other.txt", LINES)
+            for overwrite in (False, True):
+                with pytest.raises(OutputLockedError, match=expected):
+                    build(
+                        corpus, BuildOptions(output=output, overwrite=overwrite, progress=False), encoder=tiny_encoder
+                    )
+            result = CliRunner().invoke(
+                cli,
+                ["build", str(corpus), "-o", str(output), "--overwrite", "--options-file", str(tiny_model[0])]
+                + ["--weight-file", str(tiny_model[1]), "--device", "cpu", "--no-progress"],
+            )
+            assert result.exit_code == 1 and expected in result.output, result.output
+            assert "Traceback" not in result.output
+            # Readers are told too, and the refused builds left the running one's staging alone.
+            assert current_builder(output).pid == process.pid
+            with pytest.raises(IncompleteCacheError, match=f"being built by pid {process.pid}"):
+                elmo_cache.open(output)
+            assert staging_path(output).is_dir() and _committed(output) > 0
+
+            stream.write("\n".join(LINES[10:]) + "\n")
+        assert process.wait(timeout=120) == 0
+        err = process.stderr.read()
+        assert "Traceback" not in err, err
+    finally:
+        _stop(process)
+    assert not lock_path(output).exists() and current_builder(output) is None
+    with elmo_cache.open(output) as cache:
+        assert len(cache) == len(LINES)
+        for i in range(len(LINES)):  # another batch size than the reference: float32 round-off (README)
+            np.testing.assert_allclose(cache[i], tiny_encoder.embed_sentence(LINES[i].split()), atol=1e-5, rtol=0)
+
+
+def test_a_holder_whose_lock_file_was_deleted_takes_it_again_at_its_next_commit(tmp_path):
+    output = tmp_path / "c.zarr"
+    with output_lock(output):
+        lock_path(output).unlink()
+        assert current_builder(output).pid == os.getpid()  # the guard still names the holder
+        check_held(output)  # what the staging Writer calls at every commit
+        assert json.loads(lock_path(output).read_text())["pid"] == os.getpid()
+        assert current_builder(output).pid == os.getpid()
+    assert not lock_path(output).exists() and current_builder(output) is None
+    with output_lock(output):  # nothing of the first lock is left behind
+        pass
+
+
+_HOLD = """
+import sys, time, filelock
+lock = filelock.FileLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_holder_whose_lock_file_another_process_holds_now_stops_before_committing(tmp_path):
+    """The lock file replaced by one another process holds (a build on another host of a shared
+    filesystem, which the guard cannot see): the build stops at its next commit with a clear error."""
+    output = tmp_path / "c.zarr"
+    with output_lock(output):
+        lock_path(output).unlink()
+        other = subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(lock_path(output))], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert other.stdout is not None and other.stdout.readline().strip() == "held"
+            with pytest.raises(OutputLockedError, match="was removed or replaced while this build held it"):
+                check_held(output)
+        finally:
+            _stop(other)
+    assert lock_path(output).exists()  # the other process's file: not ours to remove
+
+
+def test_a_writer_stops_at_its_commit_when_its_lock_is_lost(tmp_path, monkeypatch):
+    """The staging Writer asks for its lock before a commit syncs or records anything."""
+    from elmo_cache.store import staging
+
+    def lost(output):
+        raise OutputLockedError(f"{output}: lost")
+
+    monkeypatch.setattr(staging, "check_held", lost)
+    writer = staging.Writer.__new__(staging.Writer)  # only what commit reaches before its check
+    writer.output = tmp_path / "c.zarr"
+    monkeypatch.setattr(writer, "_sync_vectors", lambda: pytest.fail("synced after the lock was lost"))
+    with pytest.raises(OutputLockedError, match="lost"):
+        writer.commit()
