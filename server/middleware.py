@@ -16,11 +16,20 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from elmo_cache.server.errors import internal_error_body
+from elmo_cache.errors import NotReadyError
+from elmo_cache.server.errors import internal_error_body, refusal_response
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.service import Timings
 
-__all__ = ["BodyLimitMiddleware", "TimingMiddleware", "BodyTooLarge", "RequestIdMiddleware", "AllowMiddleware"]
+__all__ = [
+    "AllowMiddleware",
+    "BodyLimitMiddleware",
+    "BodyTooLarge",
+    "Drain",
+    "DrainMiddleware",
+    "RequestIdMiddleware",
+    "TimingMiddleware",
+]
 
 _log = logging.getLogger("elmo_cache.server")
 
@@ -77,6 +86,50 @@ class RequestIdMiddleware:
                 {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]}
             )
             await tagged_send({"type": "http.response.body", "body": body})
+
+
+class Drain:
+    """Whether the server is draining (told to stop) and how many requests it is still answering.
+
+    Written by :class:`DrainMiddleware` in the event loop and read by the server's shutdown
+    (``elmo_cache.server.shutdown``), which stops listening once ``in_flight`` reaches 0.
+    """
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
+
+
+class DrainMiddleware:
+    """While draining, every new request is 503 ``shutting_down`` with ``Connection: close``; the
+    others are counted while they run.
+
+    A client (or load balancer) learns the server is going away from an answer it can read, and
+    does not send its next request on this connection, while the requests in flight finish.
+    """
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            refusal = NotReadyError(
+                "the server is shutting down; send the request again elsewhere", code="shutting_down"
+            )
+            response = refusal_response(refusal, scope.get("state", {}).get("request_id"))
+            assert response is not None  # NotReadyError is in errors.STATUS
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        self.drain.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.in_flight -= 1
 
 
 class AllowMiddleware:
