@@ -87,7 +87,8 @@ def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
     "--graceful-timeout",
     "graceful_timeout_s",
     type=float,
-    help="On SIGTERM/SIGINT, seconds requests in flight get to finish before the server exits. [default: 10]",
+    help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones get 503 meanwhile) before the "
+    "server exits. [default: 10]",
 )
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
