@@ -87,7 +87,8 @@ def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
     "--graceful-timeout",
     "graceful_timeout_s",
     type=float,
-    help="On SIGTERM/SIGINT, seconds requests in flight get to finish before the server exits. [default: 10]",
+    help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones get 503 meanwhile) before the "
+    "server exits. [default: 10]",
 )
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
@@ -122,13 +123,17 @@ def serve_command(cache: Path | None, **flags: Any) -> None:
 def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cache | None = None) -> None:
     """Serve with uvicorn until SIGTERM/SIGINT, then drain for ``graceful_timeout_s`` and return.
 
-    uvicorn stops accepting, lets requests in flight finish for ``graceful_timeout_s``, then
-    cancels the rest. A cache read stuck in a pool thread (a dead disk) does not hold the process:
-    the pool's threads are daemons, and the cache is then left open rather than unmapped under it.
+    While draining (elmo_cache.server.shutdown) the listener stays open, new requests get 503
+    ``shutting_down`` with ``Connection: close`` and the requests in flight finish; once none is
+    left, or ``graceful_timeout_s`` has passed, uvicorn stops listening and cancels the rest. A cache
+    read stuck in a pool thread (a dead disk) does not hold the process: the pool's threads are
+    daemons, and the cache is then left open rather than unmapped under it.
     """
     uvicorn, (create_app, _, _) = _server_modules()
+    from elmo_cache.server.shutdown import DrainingServer
+
     app = create_app(settings, encoder=encoder, cache=cache)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -136,6 +141,10 @@ def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cac
         access_log=settings.access_log,
         timeout_graceful_shutdown=math.ceil(settings.graceful_timeout_s),
     )
+    server = DrainingServer(config, app.state.drain, settings.graceful_timeout_s)
+    server.run()
+    if not server.started:
+        raise SystemExit(3)  # what uvicorn.run exits with when the server could not start (port taken)
     pool = getattr(app.state, "read_pool", None)
     if pool is not None and pool.busy:
         logging.getLogger("elmo_cache.server").warning("exiting with %d cache read(s) stuck", pool.busy)

@@ -25,7 +25,14 @@ from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.deps import require_api_key
 from elmo_cache.server.errors import HANDLED, error_handler
 from elmo_cache.server.metrics import Metrics
-from elmo_cache.server.middleware import AllowMiddleware, BodyLimitMiddleware, RequestIdMiddleware, TimingMiddleware
+from elmo_cache.server.middleware import (
+    AllowMiddleware,
+    BodyLimitMiddleware,
+    Drain,
+    DrainMiddleware,
+    RequestIdMiddleware,
+    TimingMiddleware,
+)
 from elmo_cache.server.routers import embed, health, info, metrics
 from elmo_cache.server.service import EmbedService
 from elmo_cache.server.settings import Settings, load_settings
@@ -175,6 +182,8 @@ def create_app(
     app.state.metrics = app_metrics
     app.state.service = None
     app.state.read_pool = None
+    # Set draining by the server on SIGTERM/SIGINT (elmo_cache.server.shutdown); in-process tests never do.
+    app.state.drain = drain = Drain()
     for exc_class in (*HANDLED, Exception):
         app.add_exception_handler(exc_class, error_handler)
     # Only a server with a key checks it: no dependency to solve per request otherwise, and the
@@ -187,6 +196,8 @@ def create_app(
     # request id is given first and catches whatever escapes the rest.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AllowMiddleware)
+    # Inside timing and the request id: a draining server's 503s are counted and carry an id.
+    app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(TimingMiddleware, metrics=app_metrics)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -47,6 +47,7 @@ __all__ = [
     "error_responses",
     "HANDLED",
     "internal_error_body",
+    "refusal_response",
     "request_id_of",
 ]
 
@@ -163,6 +164,18 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, list[dict[st
     return "; ".join(parts) or "invalid request", details
 
 
+def refusal_response(exc: BaseException, request_id: str | None) -> JSONResponse | None:
+    """The response of a library refusal in :data:`STATUS` (None for anything else); middleware that
+    refuses before routing (a draining server) answers with it too."""
+    for cls, status, own_code in STATUS:
+        if isinstance(exc, cls):
+            code = own_code or (exc.code if isinstance(exc, ServiceError) else "error")
+            if status >= 500:
+                _log.warning("request %s: %s %s: %s", request_id, status, code, exc)
+            return _json_error(status, code, str(exc), request_id=request_id, headers=_HEADERS.get(cls))
+    return None
+
+
 async def error_handler(request: Request, exc: Exception) -> JSONResponse:
     """Turn any handled exception into the uniform JSON error body."""
     request_id = request_id_of(request)
@@ -174,12 +187,9 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
         code = getattr(exc, "code", None) or _HTTP_CODES.get(exc.status_code, "http_error")
         headers = getattr(exc, "headers", None)
         return _json_error(exc.status_code, code, message, request_id=request_id, headers=headers)
-    for cls, status, own_code in STATUS:
-        if isinstance(exc, cls):
-            code = own_code or (exc.code if isinstance(exc, ServiceError) else "error")
-            if status >= 500:
-                _log.warning("request %s: %s %s: %s", request_id, status, code, exc)
-            return _json_error(status, code, str(exc), request_id=request_id, headers=_HEADERS.get(cls))
+    refusal = refusal_response(exc, request_id)
+    if refusal is not None:
+        return refusal
     body = internal_error_body(exc, request_id)
     _log.error("request %s failed (%s): %s", request_id, body["code"], exc, exc_info=exc)
     return JSONResponse({"error": body}, status_code=500)
@@ -199,7 +209,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         "(sentences per request), `body_too_large` (request body bytes) or `limit_exceeded` (the answer's "
         "estimated size over `max_response_bytes`); see `GET /info`",
         422: "invalid parameter: a value the schema refuses (`validation_error`), or a rule across "
-        "parameters (`invalid_parameter`): `layers` with `mix`, `gamma`/`softmax` without `mix`, a layer this "
+        "parameters (`invalid_parameter`): text that is not UTF-8 (a lone surrogate), `layers` with `mix`, "
+        "`gamma`/`softmax` without `mix`, a layer this "
         "cache lacks with no model loaded, or a mix/gamma whose result overflows the answer's dtype",
         429: "the live-encoding queue is full; retry later (`queue_full`)",
         500: "a server-side failure: `cache_corrupt` (the cache is damaged) or `internal_error`; the message "

@@ -16,11 +16,20 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from elmo_cache.server.errors import internal_error_body
+from elmo_cache.errors import NotReadyError
+from elmo_cache.server.errors import internal_error_body, refusal_response
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.service import Timings
 
-__all__ = ["BodyLimitMiddleware", "TimingMiddleware", "BodyTooLarge", "RequestIdMiddleware", "AllowMiddleware"]
+__all__ = [
+    "AllowMiddleware",
+    "BodyLimitMiddleware",
+    "BodyTooLarge",
+    "Drain",
+    "DrainMiddleware",
+    "RequestIdMiddleware",
+    "TimingMiddleware",
+]
 
 _log = logging.getLogger("elmo_cache.server")
 
@@ -79,6 +88,50 @@ class RequestIdMiddleware:
             await tagged_send({"type": "http.response.body", "body": body})
 
 
+class Drain:
+    """Whether the server is draining (told to stop) and how many requests it is still answering.
+
+    Written by :class:`DrainMiddleware` in the event loop and read by the server's shutdown
+    (``elmo_cache.server.shutdown``), which stops listening once ``in_flight`` reaches 0.
+    """
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.in_flight = 0
+
+
+class DrainMiddleware:
+    """While draining, every new request is 503 ``shutting_down`` with ``Connection: close``; the
+    others are counted while they run.
+
+    A client (or load balancer) learns the server is going away from an answer it can read, and
+    does not send its next request on this connection, while the requests in flight finish.
+    """
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            refusal = NotReadyError(
+                "the server is shutting down; send the request again elsewhere", code="shutting_down"
+            )
+            response = refusal_response(refusal, scope.get("state", {}).get("request_id"))
+            assert response is not None  # NotReadyError is in errors.STATUS
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        self.drain.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.in_flight -= 1
+
+
 class AllowMiddleware:
     """``OPTIONS`` answers with every method of the path, and a 405's ``Allow`` lists them all.
 
@@ -128,11 +181,19 @@ class BodyTooLarge(HTTPException):
     code = "body_too_large"
 
 
+# A declared body over the limit but at most this big is still read (and thrown away) after the 413,
+# by uvicorn, which discards what follows a complete response: a client that writes its whole body
+# before reading (http.client, requests, curl without Expect) then reads the 413 instead of a reset
+# from a connection closed under its upload. Beyond it, reading to be polite costs more than a reset.
+_DISCARD_BYTES = 64 * 1024 * 1024
+
+
 class BodyLimitMiddleware:
     """Refuse request bodies over ``max_bytes`` with 413, before they are parsed.
 
-    A declared ``Content-Length`` over the limit is refused without reading; a body
-    without one (chunked) is counted while it is read.
+    A declared ``Content-Length`` over the limit is refused without giving the app any of it; a body
+    without one (chunked) is counted while it is read. Either way the 413 keeps the connection open
+    while the rest of the body arrives and is discarded (up to ``_DISCARD_BYTES`` when declared).
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -153,14 +214,17 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
-                    body = json.dumps({"error": {"code": "body_too_large", "message": self._message(str(declared))}})
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": 413,
-                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
-                        }
-                    )
+                    request_id = scope.get("state", {}).get("request_id")
+                    error = {
+                        "code": "body_too_large",
+                        "message": self._message(str(declared)),
+                        "request_id": request_id,
+                    }
+                    body = json.dumps({"error": error})
+                    headers = [(b"content-type", b"application/json")]
+                    if declared > _DISCARD_BYTES:
+                        headers.append((b"connection", b"close"))
+                    await send({"type": "http.response.start", "status": 413, "headers": headers})
                     await send({"type": "http.response.body", "body": body.encode()})
                     return
         received = 0

@@ -66,6 +66,23 @@ class Timings:
         self.parts[name] = self.parts.get(name, 0.0) + seconds
 
 
+def _check_utf8(text: str, where: str) -> None:
+    """:class:`InvalidParameterError` naming ``where`` and the position when ``text`` has no UTF-8 form.
+
+    JSON may escape a lone surrogate (``"\\ud800"``) and Python decodes it into a string that no cache
+    key, hash, response body or header can encode: checked once here, before any of them, so every
+    format answers 422 instead of a 500 from whichever encoder meets it first.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise InvalidParameterError(
+            f"{where}: not valid UTF-8 text: a lone surrogate U+{ord(bad):04X} at character {exc.start}; "
+            "send text as UTF-8 (a JSON \\uD83D\\uDE00 pair is one character, a lone \\uD800 is none)"
+        ) from None
+
+
 class EmbedService:
     """Answers embedding requests from a cache and/or a live encoder (see the module docstring)."""
 
@@ -120,9 +137,12 @@ class EmbedService:
             raise InvalidParameterError(selection.unavailable_message(self.stored))
         return selection
 
-    def tokenize_all(self, sentences: Sequence[str | Sequence[str]]) -> list[list[str]]:
+    def tokenize_all(self, sentences: Sequence[str | Sequence[str]], *, name: str = "sentences") -> list[list[str]]:
         """Tokenise texts as ``build`` does (token lists are taken as they are) and enforce the size limits
-        (:class:`LimitExceededError`)."""
+        (:class:`LimitExceededError`); text that is not UTF-8 is :class:`InvalidParameterError`.
+
+        ``name`` is the request parameter the sentences came from: ``sentence`` (GET, one text) is named
+        alone, ``sentences`` (POST) with each sentence's index."""
         limit = self.settings.max_sentences_per_request
         if len(sentences) > limit:
             raise LimitExceededError(
@@ -130,6 +150,13 @@ class EmbedService:
                 "(max_sentences_per_request); split the request",
                 code="too_many_sentences",
             )
+        for i, sentence in enumerate(sentences):
+            where = name if name == "sentence" else f"{name}[{i}]"
+            if isinstance(sentence, str):
+                _check_utf8(sentence, where)
+            else:
+                for j, token in enumerate(sentence):
+                    _check_utf8(token, f"{where}[{j}]")
         token_lists = [tokenize(sentence) if isinstance(sentence, str) else list(sentence) for sentence in sentences]
         limit = self.settings.max_tokens_per_sentence
         for i, tokens in enumerate(token_lists):

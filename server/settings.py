@@ -68,7 +68,8 @@ class Settings(BaseSettings):
     # Bounded: stuck reads (a dead network disk) can hold at most this many threads; the event loop,
     # /health and live requests never wait for them.
     read_threads: int = Field(4, ge=1, le=256, description="worker threads for cache reads and response writing")
-    # On SIGTERM/SIGINT, requests in flight get this long to finish before the server exits anyway.
+    # On SIGTERM/SIGINT, requests in flight get this long to finish (new ones are answered 503 meanwhile,
+    # elmo_cache.server.shutdown) before the server exits anyway.
     graceful_timeout_s: float = Field(
         10.0, ge=0, le=3_600, description="longest wait for requests in flight on shutdown (s)"
     )

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from elmo_cache.rows.selection import Selection
-from elmo_cache.server.deps import ServiceDep, TimingsDep
+from elmo_cache.server.deps import ServiceDep, TimingsDep, require_utf8_query
 from elmo_cache.server.errors import error_responses
 from elmo_cache.server.formats import NPY_MEDIA_TYPE, NPZ_MEDIA_TYPE, Format, render_many, render_one
 from elmo_cache.server.service import EmbedService
@@ -194,6 +194,7 @@ def _name(pool: PoolName | None) -> str | None:
     response_model=EmbedResult,
     summary="Vectors of one sentence",
     responses={200: {"content": {NPY_MEDIA_TYPE: _BINARY}, "description": "the vectors"}, **_ERRORS},
+    dependencies=[Depends(require_utf8_query)],
 )
 async def embed_one(
     service: ServiceDep,
@@ -212,7 +213,7 @@ async def embed_one(
 ) -> Response:
     """Answer from the cache when the sentence is there, else encode it live (404 with a cache alone)."""
     selection = service.resolve(layers, mix, gamma, softmax)
-    token_lists = service.tokenize_all([sentence])
+    token_lists = service.tokenize_all([sentence], name="sentence")
     _check_size(service, token_lists, selection, format, pool)
     [embedding] = await service.embed(token_lists, selection, timings, _name(pool))
     started = time.perf_counter()

@@ -229,7 +229,97 @@ def test_sigterm_exits_promptly_while_a_read_is_stuck(wrapped_server):
         pytest.fail("the server ignored SIGTERM with a read stuck")
     took = time.monotonic() - started
     client.join(timeout=10)
-    # graceful_timeout_s=1: a second of drain, then the stuck request is cancelled and the process ends.
+    # graceful_timeout_s=1: a second of drain (new requests 503), then the stuck request is cancelled and the
+    # process ends.
     assert took < 8, took
-    assert proc.returncode in (0, -signal.SIGTERM), proc.returncode
+    assert proc.returncode == 0, proc.returncode  # a drain that ran out of time is still a clean exit
     assert outcome, "the stuck client never returned"
+
+
+# A live model served by `run_server` whose encodings wait until the test creates the gate file.
+_GATED_SERVER = """
+import pathlib, sys, time
+import elmo_cache
+from elmo_cache.cli.serve import run_server
+from elmo_cache.server import load_settings
+
+options, weights, port, folder = sys.argv[1], sys.argv[2], int(sys.argv[3]), pathlib.Path(sys.argv[4])
+encoder = elmo_cache.Encoder.load((options, weights), device="cpu")
+
+class Gated:
+    output_dim, identity = encoder.output_dim, encoder.identity
+    def embed_batch(self, sentences):
+        (folder / "entered").write_text("yes")
+        deadline = time.monotonic() + 60
+        while not (folder / "gate").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return encoder.embed_batch(sentences)
+
+settings = load_settings(port=port, graceful_timeout_s=30, max_wait_ms=0, log_level="warning", access_log=False)
+run_server(settings, encoder=Gated())
+"""
+
+
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_with_503_and_exits_0(tmp_path, tiny_model):
+    (tmp_path / "server.py").write_text(_GATED_SERVER, encoding="utf-8")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "server.py"), str(tiny_model[0]), str(tiny_model[1]), str(port), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_healthy(proc, url)
+        outcome: list = []
+
+        def in_flight() -> None:
+            try:
+                outcome.append(httpx.get(f"{url}/embed", params={"sentence": "a slow one"}, timeout=60.0))
+            except httpx.TransportError as exc:
+                outcome.append(exc)
+
+        with httpx.Client(base_url=url, timeout=10.0) as kept_alive:
+            assert kept_alive.get("/health").status_code == 200  # a pooled connection opened before the signal
+            client = threading.Thread(target=in_flight, daemon=True)
+            client.start()
+            deadline = time.monotonic() + 30
+            while not (tmp_path / "entered").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert (tmp_path / "entered").exists(), "the live encoding never started"
+            proc.send_signal(signal.SIGTERM)
+            # Until the request in flight is done the listener stays open: every new request, on a new
+            # connection or on one kept alive from before, is a readable 503 that closes its connection.
+            deadline = time.monotonic() + 10
+            refused = httpx.get(f"{url}/health", timeout=5.0)
+            while refused.status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the signal is handled between two ticks of uvicorn's loop
+                refused = httpx.get(f"{url}/health", timeout=5.0)
+            for response in (
+                refused,
+                kept_alive.get("/embed", params={"sentence": "new"}),
+                httpx.post(f"{url}/embed", json={"sentences": ["new"]}, timeout=5.0),
+            ):
+                assert response.status_code == 503, response.text
+                assert response.headers["connection"] == "close"
+                error = response.json()["error"]
+                assert error["code"] == "shutting_down" and error["request_id"] == response.headers["x-request-id"]
+            assert proc.poll() is None, "the server exited before its request in flight was answered"
+        (tmp_path / "gate").write_text("open")
+        client.join(timeout=30)
+        [answer] = outcome
+        assert isinstance(answer, httpx.Response) and answer.status_code == 200, answer
+        assert answer.json()["tokens"] == ["a", "slow", "one"]
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the server did not exit once drained")
+        assert proc.returncode == 0, proc.stderr.read().decode(errors="replace")[-3000:]
+        # Once drained the listener is closed: a new connection is refused, not left hanging.
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        proc.stderr.close()

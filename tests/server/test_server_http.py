@@ -7,6 +7,8 @@ connection staying usable) is what uvicorn really sends.
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
 import threading
 import time
@@ -123,3 +125,35 @@ def test_size_limits_are_413_over_http(encoder, serve):
         assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "body_too_large"
         # The same connection goes on serving.
         assert client.get("/embed", params={"sentence": "a b"}).status_code == 200
+
+
+@pytest.mark.parametrize("sent", ["chunked", "declared"])
+def test_a_big_body_over_the_limit_gets_a_readable_413_not_a_reset(encoder, serve, sent):
+    # http.client writes the whole body before it reads (as requests and curl without Expect do), and
+    # 16 MiB is far more than the loopback socket buffers hold: a server that answers and closes
+    # without reading the rest resets the upload, and the client never sees the 413. (httpx reads
+    # the response even after a failed write, so it would not notice.)
+    url = serve(create_app(Settings(max_body_bytes=1000, max_wait_ms=0), encoder=encoder))
+    port = int(url.rsplit(":", 1)[1])
+    body = b'{"sentences": ["' + b"x" * (16 << 20) + b'"]}'
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        for _ in range(2):  # the connection stays usable after the refused upload
+            if sent == "chunked":
+                pieces = (body[i : i + 65536] for i in range(0, len(body), 65536))
+                connection.request("POST", "/embed", body=pieces, headers=_JSON, encode_chunked=True)
+            else:
+                connection.request("POST", "/embed", body=body, headers=_JSON)
+            refused = connection.getresponse()
+            assert refused.status == 413 and refused.getheader("content-type") == "application/json"
+            error = json.loads(refused.read())["error"]
+            assert error["code"] == "body_too_large" and "max_body_bytes" in error["message"], error
+            assert error["request_id"] == refused.getheader("x-request-id")
+        connection.request("GET", "/embed?sentence=a+b")
+        fine = connection.getresponse()
+        assert fine.status == 200 and json.loads(fine.read())["source"] == "live"
+    finally:
+        connection.close()
+
+
+_JSON = {"Content-Type": "application/json"}

@@ -310,3 +310,64 @@ def test_npy_answers_read_back(encoder, cache):
         return json.loads((await client.get("/info")).text)["limits"]["max_response_bytes"]
 
     assert run(app, scenario) == 64 * 1024 * 1024
+
+
+# -- text that is not UTF-8 (issue 33, item 3) ------------------------------------------------------
+
+
+def _post_raw(client, body: str):
+    # httpx would refuse to encode a lone surrogate: the JSON escape goes over the wire as six ASCII bytes.
+    return client.post("/embed", content=body.encode("ascii"), headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("fmt", ["json", "npy", "base64"])  # npy: POST answers it as an npz
+@pytest.mark.parametrize("source", ["cache", "live"])
+def test_lone_surrogates_are_422_naming_the_parameter_in_every_format(encoder, cache, source, fmt):
+    app = create_app(Settings(max_wait_ms=0), encoder=encoder, cache=cache if source == "cache" else None)
+
+    async def scenario(client):
+        return [
+            await _post_raw(client, f'{{"sentences": ["The cat", "\\ud800 cat"], "format": "{fmt}"}}'),
+            await _post_raw(client, f'{{"sentences": ["hello world", ["a b", "cat\\udfff"]], "format": "{fmt}"}}'),
+            await _post_raw(client, f'{{"sentences": ["x \\udc80"], "format": "{fmt}", "pool": "mean"}}'),
+            # A valid pair is one character (U+1F600) and is embedded like any other.
+            await _post_raw(client, f'{{"sentences": ["\\ud83d\\ude00 cat"], "format": "{fmt}"}}'),
+            # GET: the query's percent-escapes are decoded as UTF-8, never replaced with U+FFFD.
+            await client.get(f"/embed?format={fmt}&sentence=ab%ED%A0%80cat"),
+            await client.get(f"/embed?sentence=cat%FF&format={fmt}"),
+            await client.get("/embed", params={"sentence": "caf\u00e9 \U0001f600", "format": fmt}),
+        ]
+
+    first, token, pooled, pair, get_surrogate, get_byte, get_fine = run(app, scenario)
+    for response, where, position in (
+        (first, "sentences[1]", "U+D800 at character 0"),
+        (pooled, "sentences[0]", "U+DC80 at character 2"),
+        (get_surrogate, "sentence", "byte 0xED at byte 2"),
+        (get_byte, "sentence", "byte 0xFF at byte 3"),
+    ):
+        error = error_of(response, 422)
+        assert error["code"] == "invalid_parameter", error
+        assert error["message"].startswith(f"{where}: not valid UTF-8 text"), error
+        assert position in error["message"], error
+    # A token list is checked against the token pattern first: pydantic refuses the string there, naming it.
+    error = error_of(token, 422)
+    assert error["code"] == "validation_error", error
+    assert "body.sentences.1.list[constrained-str].1: " in error["message"] and "unicode" in error["message"], error
+    assert pair.status_code == 200, pair.text
+    assert get_fine.status_code == 200, get_fine.text
+
+
+def test_a_surrogate_in_any_other_json_string_is_a_readable_422(encoder):
+    app = create_app(Settings(max_wait_ms=0), encoder=encoder)
+
+    async def scenario(client):
+        return [
+            await _post_raw(client, '{"sentences": ["a"], "layers": "\\ud800"}'),
+            await _post_raw(client, '{"sentences": ["a"], "mix": "\\ud800,1,1"}'),
+            await _post_raw(client, '{"sentences": ["a"], "format": "\\ud800"}'),
+            await _post_raw(client, '{"sentences": ["a"], "\\ud800": 1}'),
+        ]
+
+    for response in run(app, scenario):
+        error = error_of(response, 422)
+        assert error["code"] == "validation_error", error
