@@ -161,6 +161,7 @@ class ModelOptions:
         }
 
     def _validate(self, source: str) -> None:
+        # What the bounded parsing in from_dict cannot say: the activation's name and ELMo's fixed alphabet.
         if self.activation not in _ACTIVATIONS:
             raise OptionsError(f"{source}: char_cnn.activation {self.activation!r} is not one of {list(_ACTIVATIONS)}")
         if self.n_characters != 262:
@@ -168,18 +169,6 @@ class ModelOptions:
                 f"{source}: char_cnn.n_characters is {self.n_characters}; ELMo's character ids "
                 "need 262 (261 in the weight file plus the padding row)"
             )
-        if self.max_characters_per_token < 3:
-            raise OptionsError(f"{source}: char_cnn.max_characters_per_token must be >= 3")
-        if not self.filters:
-            raise OptionsError(f"{source}: char_cnn.filters is empty")
-        for width, num in self.filters:
-            if not 1 <= width <= self.max_characters_per_token or num < 1:
-                raise OptionsError(f"{source}: bad char_cnn filter [{width}, {num}]")
-        for name in ("char_embedding_dim", "n_layers", "lstm_dim", "projection_dim"):
-            if getattr(self, name) < 1:
-                raise OptionsError(f"{source}: {name} must be positive")
-        if self.n_highway < 0:
-            raise OptionsError(f"{source}: char_cnn.n_highway must be >= 0")
 
     def as_json_dict(self) -> dict[str, Any]:
         """Flat dictionary of the fields, for metadata and ``/info``."""
