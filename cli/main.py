@@ -28,7 +28,7 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="elmo-cache")
 def cli() -> None:
-    """Precompute ELMo embeddings once, read them memory-mapped, serve them fast."""
+    """Precompute ELMo embeddings once, read them straight from disk, serve them fast."""
 
 
 def _register() -> None:

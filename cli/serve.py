@@ -127,7 +127,7 @@ def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cac
     ``shutting_down`` with ``Connection: close`` and the requests in flight finish; once none is
     left, or ``graceful_timeout_s`` has passed, uvicorn stops listening and cancels the rest. A cache
     read stuck in a pool thread (a dead disk) does not hold the process: the pool's threads are
-    daemons, and the cache is then left open rather than unmapped under it.
+    daemons, and the cache is then left open rather than closed under it.
     """
     uvicorn, (create_app, _, _) = _server_modules()
     from elmo_cache.server.shutdown import DrainingServer

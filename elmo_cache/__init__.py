@@ -1,4 +1,4 @@
-"""elmo-cache: precompute contextual ELMo embeddings once, read them memory-mapped, serve them fast.
+"""elmo-cache: precompute contextual ELMo embeddings once, read them straight from disk, serve them fast.
 
 Public API (imported lazily, so ``import elmo_cache`` stays cheap)::
 
@@ -40,8 +40,10 @@ _EXPORTS = {
     "CorpusError": "elmo_cache.errors",
     "CacheNotFoundError": "elmo_cache.errors",
     "CacheFormatError": "elmo_cache.errors",
+    "CacheCorruptError": "elmo_cache.errors",
     "IncompleteCacheError": "elmo_cache.errors",
     "CacheExistsError": "elmo_cache.errors",
+    "CorpusChangedError": "elmo_cache.errors",
     "QueueFullError": "elmo_cache.errors",
     "NotReadyError": "elmo_cache.errors",
     "LimitExceededError": "elmo_cache.errors",

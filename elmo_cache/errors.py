@@ -79,6 +79,11 @@ class CacheExistsError(ElmoCacheError, FileExistsError):
     """The output exists and was built with other options (use ``--overwrite``)."""
 
 
+class CorpusChangedError(CacheExistsError):
+    """The output holds a cache (or an interrupted build) of another version of the corpus: the message says
+    how many lines changed, were added or removed and the first that differs (use ``--overwrite``)."""
+
+
 class ServiceError(ElmoCacheError):
     """A request the embedding service refuses; ``code`` is a stable machine-readable reason."""
 

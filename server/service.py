@@ -103,7 +103,7 @@ class EmbedService:
         self.cache = cache
         self.encoder = encoder
         self.batcher = batcher
-        # Cache reads run here, never in the event loop: a memory-mapped page may sit on a slow or dead disk.
+        # Cache reads run here, never in the event loop: a page may sit on a slow or dead disk.
         self.pool = pool if pool is not None else ReadPool(settings.read_threads)
         self.kind = getattr(cache, "kind", None)
         # What the cache stores (None without a cache).

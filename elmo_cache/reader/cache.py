@@ -1,9 +1,10 @@
 """Reading a cache: ``elmo_cache.open(path)`` for training loops, lookups and the server.
 
 Both containers of FORMAT.md open through the same :class:`Cache`. The arrays stay on disk:
-HDF5 datasets and uncompressed zarr chunks are ``numpy.memmap`` views (see
-:mod:`elmo_cache.store.hdf5` and :mod:`elmo_cache.store.zarr` for how), so opening costs the same for ten sentences and
-for a hundred million, and reading a sentence is one slice of the page cache. Nothing is
+HDF5 datasets and uncompressed zarr files are read by position (:mod:`elmo_cache.store.positioned`,
+which says why not mapped), so opening costs the same for ten sentences and for a hundred million,
+and reading a sentence is one ``pread`` from the page cache. A file truncated or replaced under an
+open cache is a :class:`~elmo_cache.errors.CacheCorruptError`, never a crash. Nothing is
 loaded whole: the sentence index is binary-searched in place.
 
     with elmo_cache.open("corpus.zarr") as cache:
@@ -198,9 +199,7 @@ class Cache:
 
     @property
     def lengths(self) -> np.ndarray:
-        """Tokens per sentence (int32). Memory-mapped when the container allows one view of it
-        (HDF5, or a zarr array stored as one uncompressed chunk); otherwise assembled from the
-        chunks on first access (4 bytes per sentence)."""
+        """Tokens per sentence (int32), read whole on first access (4 bytes per sentence)."""
         if self._lengths_array is None:
             lengths = self._require()._lengths
             if "lengths" in self._guards:
@@ -272,7 +271,7 @@ class Cache:
 
     def quantized(self, i: int) -> Any:
         """Sentence ``i`` of a quantised cache undecoded: int8 ``codes`` and float32 ``scales``, views of the
-        mapped rows (``codes * scales[..., None]`` is ``cache[i]``); for a pq cache a
+        rows read (``codes * scales[..., None]`` is ``cache[i]``); for a pq cache a
         :class:`~elmo_cache.rows.pq.PQSentence` of uint8 codes. An error for a cache of floats."""
         if not self._require().codec.quantized:
             raise InvalidParameterError(f"{self.path}: this cache stores {self.stored_dtype} vectors, not quantised")
@@ -401,8 +400,8 @@ class Cache:
         list (None when it is not cached, as :meth:`get`).
 
         ``pool`` is ``"mean"``, ``"max"`` or ``"first-last"`` (docs/FORMAT.md, "Pooled sentence vectors"); None:
-        the cache's own (``build --pool``). The cache's own pool is read from its ``pooled`` array (memory-mapped,
-        its dtype); any other, or any pool of a cache built without one, is computed from the sentence's token
+        the cache's own (``build --pool``). The cache's own pool is read from its ``pooled`` array (its
+        dtype); any other, or any pool of a cache built without one, is computed from the sentence's token
         vectors by the same function in float32 (from the stored, possibly float16 or int8, values), and is
         float32. Shape ``(n_layers, dim)``, or ``(dim,)`` for a mixed cache; ``first-last`` doubles ``dim``; an
         empty sentence gives zeros.

@@ -2,8 +2,8 @@
 
 Worker processes: the dataset holds only the cache *path*. Each process (the main one, every
 forked or spawned DataLoader worker) opens its own :class:`~elmo_cache.reader.cache.Cache` on first
-use, so no file handle or mapping is pickled or crosses a fork; the mapped pages themselves
-are shared by all workers through the page cache.
+use, so no file handle is pickled or crosses a fork; the cache's pages themselves
+are shared by all workers through the kernel's page cache.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ __all__ = ["PooledVectors", "pool_of_sentence", "choose_pool", "pool_only_refusa
 
 
 class PooledVectors:
-    """The memory-mapped ``pooled`` array of one cache: row ``i`` is sentence ``i``'s pooled vector."""
+    """The ``pooled`` array of one cache: row ``i`` is sentence ``i``'s pooled vector."""
 
     def __init__(self, array: Any, pool: Pool, guard: BlockGuard | None):
         self.pool = pool

@@ -324,7 +324,7 @@ def pad_floats(arrays: Sequence[Any], max_tokens: int) -> torch.Tensor:
         else (len(arrays), max_tokens, first.shape[-1])
     )
     vectors = torch.zeros(shape, dtype=torch.float32)
-    out = vectors.numpy()  # one cast-and-copy per sentence, straight from the mapped pages
+    out = vectors.numpy()  # one cast-and-copy per sentence, straight from the rows read
     per_token = first.shape[:token_axis] + first.shape[token_axis + 1 :]
     for b, array in enumerate(arrays):
         if array.shape[:token_axis] + array.shape[token_axis + 1 :] != per_token:

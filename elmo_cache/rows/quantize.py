@@ -10,7 +10,7 @@ corpus, so a window's rows depend on the window alone, like every other stored b
 Layout (docs/FORMAT.md, "Quantised caches"): the scale's four bytes (float32, little-endian) follow
 the ``dim`` codes of its vector inside the ``vectors`` array, whose dtype is then int8 and whose last
 axis is ``dim + 4``. Keeping the scale in the row, rather than in an array of its own, means one
-sentence is still one contiguous run of mapped bytes, and everything the store already guarantees
+sentence is still one contiguous run of bytes (one read), and everything the store already guarantees
 for ``vectors`` (shards, the CRC-32 of every file, CRC-32C block sums checked on first read, resume
 cut-backs, the Ray engine's parts and stitching) covers the scales with no code of their own.
 

@@ -2,7 +2,8 @@
 
 * :mod:`elmo_cache.store.format`: every constant of the format and the metadata parser;
 * :mod:`elmo_cache.store.zarr` and :mod:`elmo_cache.store.hdf5`: each container's reader
-  (``open_arrays``, memory-mapped), writer (``ZarrWriter`` / ``Hdf5Writer``), ``read_metadata``
+  (``open_arrays``, read by position: :mod:`elmo_cache.store.positioned`), writer (``ZarrWriter`` /
+  ``Hdf5Writer``), ``read_metadata``
   and ``open_with_library`` (the container's own library, for ``verify``);
 * ``_staging``: the crash-safe staging both writers share.
 
@@ -132,7 +133,7 @@ def detect(path: Path) -> str:
 
 
 def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[str, Any, dict[str, Any]]:
-    """``(format, raw metadata attribute, arrays)`` of the cache at ``path``, memory-mapped where possible."""
+    """``(format, raw metadata attribute, arrays)`` of the cache at ``path``, read by position where possible."""
     fmt = detect(path)
     raw, arrays = get_container(fmt).open_arrays(path, names)
     return fmt, raw, arrays
@@ -141,7 +142,7 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[str, Any, dict[str,
 def open_cache_arrays(path: Path) -> tuple[str, Any, dict[str, Any], dict[str, Any]]:
     """``(format, raw metadata attribute, arrays, block sums)`` of the cache at ``path``: every array it may
     hold (:func:`elmo_cache.store.columns.cache_arrays`, the built-in ones and the optional ones its metadata
-    names), memory-mapped where possible, and each one's block sums; None where missing."""
+    names), read by position where possible, and each one's block sums; None where missing."""
     fmt = detect(path)
     container = get_container(fmt)
     names = cache_arrays(None)

@@ -219,7 +219,7 @@ class Container(Protocol):
         ...
 
     def open_arrays(self, path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-        """``(raw metadata attribute, arrays)``, memory-mapped where possible (the reader's view)."""
+        """``(raw metadata attribute, arrays)``, read by position where possible (the reader's view)."""
         ...
 
     def open_with_library(self, path: Path) -> tuple[Any, dict[str, Any], Callable[[], None]]:

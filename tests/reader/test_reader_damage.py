@@ -267,3 +267,89 @@ def test_interrupted_build_is_reported_as_incomplete(tmp_path, encoder, fmt):
             with pytest.raises(IncompleteCacheError, match="interrupted.*running the same build command again") as info:
                 elmo_cache.open(path, allow_incomplete=allow)
             assert str(path) in str(info.value)
+
+
+# -- files that change under an open reader (issue 33) ----------------------------------------
+
+_READ_THROUGH_A_TRUNCATION = """
+import os, sys
+import numpy as np
+import elmo_cache
+
+path, victim, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cache = elmo_cache.open(path)
+before = [np.array(cache[i]) for i in range(len(cache))]  # every file read once (mapped, by older readers)
+os.truncate(victim, keep)
+failed, message = [], ""
+for i in range(len(cache)):
+    try:
+        vectors = cache[i]
+        float(np.asarray(vectors, dtype=np.float64).sum())  # touch every byte
+        assert np.array_equal(vectors, before[i]), f"sentence {i} changed"
+    except elmo_cache.CacheCorruptError as exc:
+        failed.append(i)
+        message = str(exc)
+print(len(failed), failed[:1], message, sep="\\n")
+"""
+
+
+def _cut_inside_vectors(path: Path) -> tuple[Path, int]:
+    """The file holding the first rows of 'vectors' and a length that cuts through sentence 0's rows."""
+    if path.is_dir():
+        return path / "vectors" / "c" / "0" / "0" / "0", 64
+    with h5py.File(path, "r") as f:
+        return path, int(f["vectors"].id.get_offset()) + 64
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
+def test_a_file_truncated_under_an_open_reader_is_an_error_not_a_crash(make_cache, fmt):
+    """A mapped reader died with SIGBUS (exit 135) when a file shrank under it; now the reads of the lost rows
+    raise CacheCorruptError naming the file, and every other sentence still reads what it read before.
+    In a child process: on a reader that maps files the crash must not take pytest down."""
+    import subprocess
+    import sys
+
+    path = make_cache(fmt=fmt)
+    victim, keep = _cut_inside_vectors(path)
+    child = subprocess.run(
+        [sys.executable, "-c", _READ_THROUGH_A_TRUNCATION, str(path), str(victim), str(keep)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, f"reader died (exit {child.returncode}): {child.stderr[-2000:]}"
+    count, first, message = child.stdout.strip().split("\n", 2)
+    assert int(count) >= 1 and first == "[0]", child.stdout
+    assert str(victim) in message and "truncated" in message and "'vectors'" in message
+
+
+def test_a_zarr_file_replaced_under_an_open_reader(make_cache, tmp_path, monkeypatch):
+    """A file renamed over by another build's file of the same size: while the reader keeps the file open it
+    reads the bytes it checked (a consistent view); opened again, the other file is an error, never its rows
+    (its block was checked the first time and is not checked again)."""
+    from elmo_cache.store.zarr import maps as zarr_maps
+
+    path = make_cache()
+    other = make_cache(layers=(1, 2, 0), name="other")  # the same shapes, other bytes
+    shard = path / "vectors" / "c" / "1" / "0" / "0"
+    replacement = tmp_path / "replacement"
+
+    def replace() -> None:
+        shutil.copyfile(other / "vectors" / "c" / "1" / "0" / "0", replacement)
+        replacement.replace(shard)
+
+    original = shard.read_bytes()
+    with elmo_cache.open(path) as cache:
+        inside = int(np.flatnonzero((np.asarray(cache._offsets) // 10 == 1) & (cache.lengths > 0))[0])
+        first = np.array(cache[inside])
+        replace()
+        np.testing.assert_array_equal(cache[inside], first)  # the descriptor it holds: the old file
+    shard.write_bytes(original)
+    monkeypatch.setattr(zarr_maps, "_max_open_files", lambda: 1)  # every other file read closes this one
+    with elmo_cache.open(path) as cache:
+        np.testing.assert_array_equal(cache[inside], first)
+        np.testing.assert_array_equal(cache[0], direct(path, 0))  # shard 0: shard 1 is closed
+        replace()
+        with pytest.raises(CacheCorruptError, match="c/1/0/0: file 1 of array 'vectors' is not the file this reader"):
+            cache[inside]
+        np.testing.assert_array_equal(cache[0], direct(path, 0))  # the rest still reads

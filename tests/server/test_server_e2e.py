@@ -323,3 +323,56 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_with_503_and_exits_0
             proc.kill()
             proc.wait(timeout=10)
         proc.stderr.close()
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
+def test_a_cache_file_truncated_under_the_server_is_a_500_and_it_keeps_serving(tmp_path, tiny_model, fmt):
+    """Issue 33: a reader that mapped the cache died with SIGBUS when a file shrank under it, the server with
+    it, without a log line. Now the sentences whose rows are gone are 500 cache_corrupt (logged), and every
+    other request is still answered by the same process."""
+    import h5py
+
+    from elmo_cache.builder import BuildOptions, build
+
+    encoder = elmo_cache.Encoder.load(tiny_model, device="cpu")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output = tmp_path / ("c.h5" if fmt == "hdf5" else "c.zarr")
+    build(corpus, BuildOptions(output=output, device="cpu", progress=False), encoder=encoder)
+    if fmt == "hdf5":
+        with h5py.File(output, "r") as f:
+            victim, keep = output, int(f["vectors"].id.get_offset()) + 64  # inside sentence 0's rows
+    else:
+        victim, keep = output / "vectors" / "c" / "0" / "0" / "0", 64
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    model = ["--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1])]
+    proc = subprocess.Popen(
+        [*_command(), "serve", str(output), *model, "--port", str(port), "--device", "cpu", "--no-access-log"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_healthy(proc, url)
+        with httpx.Client(base_url=url, timeout=30.0) as client:
+            for line in LINES:  # every row read once (mapped, by the older reader)
+                assert client.get("/embed", params={"sentence": line}).json()["source"] == "cache"
+            os.truncate(victim, keep)
+            for _ in range(3):
+                failed = client.get("/embed", params={"sentence": LINES[0]})
+                assert failed.status_code == 500 and failed.json()["error"]["code"] == "cache_corrupt", failed.text
+            assert client.get("/health").status_code == 200
+            live = client.get("/embed", params={"sentence": "an unseen sentence"})
+            assert live.status_code in (200, 500), live.text  # a miss may need an index page that is gone
+            assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+    assert proc.returncode == 0, log[-3000:]
+    assert "truncated" in log and str(victim) in log  # the server's log names the file and what happened

@@ -1,5 +1,5 @@
 """The HDF5 container of docs/FORMAT.md: one ``cache.h5`` whose datasets are contiguous, so every
-array is a ``numpy.memmap`` of the file (``read``), written only once the build is finished
+array is read at its offset of the file, by position (``read``), written only once the build is finished
 (``writer``); ``container`` is what the rest of the package may know of it.
 """
 

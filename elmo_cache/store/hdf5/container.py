@@ -105,7 +105,7 @@ class Hdf5Container:
 
     def structure_problems(self, meta: dict[str, Any], arrays: dict[str, Any]) -> list[str]:
         return [
-            f"HDF5 dataset {name} is chunked or compressed; FORMAT.md wants it contiguous (memmap)"
+            f"HDF5 dataset {name} is chunked or compressed; FORMAT.md wants it contiguous (read at one offset)"
             for name, ds in arrays.items()
             if ds.chunks is not None or ds.compression is not None
         ]

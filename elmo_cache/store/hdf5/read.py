@@ -3,10 +3,10 @@
 Reading. FORMAT.md makes every dataset contiguous, unchunked and unfiltered, so its bytes sit at
 one offset in the file. h5py is used only to read the metadata and those offsets; its
 handle is closed before this function returns, so nothing of h5py (whose handles must not
-cross a fork) lives in the returned arrays. The arrays are ``numpy.memmap`` maps (handed on
-as plain ndarray views of them):
-zero copy, shared between DataLoader workers through the page cache, opened in constant
-time whatever the cache size.
+cross a fork) lives in the returned arrays. The arrays read the file by position through one
+descriptor (:mod:`elmo_cache.store.positioned`, which says why not a mapping): shared between
+DataLoader workers through the page cache, opened in constant time whatever the cache size,
+and a file truncated under them is an error, not a crash.
 """
 
 from __future__ import annotations
@@ -22,8 +22,23 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.columns import cache_arrays, optional_arrays, with_block_sums
 from elmo_cache.store.format import HDF5_SIGNATURE, META_KEY, block_sums_name, decode_metadata
+from elmo_cache.store.positioned import OpenFile, PositionedRows
 
-__all__ = ["is_store", "read_metadata", "read_owned_metadata", "open_arrays", "open_with_library"]
+__all__ = ["is_store", "read_metadata", "read_owned_metadata", "open_arrays", "open_with_library", "DatasetRows"]
+
+
+class DatasetRows(PositionedRows):
+    """One contiguous dataset of an HDF5 cache: its rows at ``offset`` of the file ``handle`` reads."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, handle: OpenFile, offset: int):
+        super().__init__(name, shape, dtype, max(1, shape[0]))
+        self._where = (handle, offset)
+
+    def _source(self, c: int) -> tuple[OpenFile, int]:
+        return self._where
+
+    def _what(self, c: int) -> str:
+        return f"dataset {self.name!r}"
 
 
 def is_store(path: Path) -> bool:
@@ -62,8 +77,8 @@ def read_owned_metadata(path: Path) -> dict[str, Any] | None:
 # -- reading ----------------------------------------------------------------------------------------
 
 
-def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, np.ndarray | None]]:
-    """Raw metadata attribute and memory-mapped arrays ``names`` (None where missing)."""
+def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """Raw metadata attribute and the arrays ``names`` (None where missing), read by position."""
     layouts: dict[str, tuple[np.dtype, tuple[int, ...], int | None] | None] = {}
     try:
         with h5py.File(path, "r") as f:
@@ -79,7 +94,7 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, np.n
                 if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() != 0:
                     raise CacheFormatError(
                         f"{path}: dataset {name!r} is chunked, compressed or compact; FORMAT.md requires every "
-                        "dataset of an HDF5 cache to be contiguous and unfiltered (so it can be memory-mapped)"
+                        "dataset of an HDF5 cache to be contiguous and unfiltered (read at one offset of the file)"
                     )
                 if node.dtype.kind not in "iuf":
                     raise CacheFormatError(f"{path}: dataset {name!r} has dtype {node.dtype}, not a number type")
@@ -88,8 +103,12 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, np.n
         raise CacheFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", "replace")
-    size = os.path.getsize(path)
-    arrays: dict[str, np.ndarray | None] = {}
+    try:
+        handle = OpenFile(str(path), os.open(path, os.O_RDONLY))  # one descriptor for every dataset
+    except OSError as exc:
+        raise CacheFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
+    size = handle.identity[2]
+    arrays: dict[str, Any] = {}
     for name, layout in layouts.items():
         if layout is None:
             arrays[name] = None
@@ -106,8 +125,7 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, np.n
                 f"{path}: dataset {name!r} needs bytes {offset}..{offset + nbytes} but the file has {size}; truncated"
             )
         else:
-            # Handed on as a plain ndarray view of the map (indexing np.memmap runs Python code per call).
-            arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
+            arrays[name] = DatasetRows(name, shape, dtype, handle, offset)
     return raw, arrays
 
 

@@ -8,17 +8,18 @@ a 100M-sentence cache would otherwise be millions of files); the 1-D arrays are 
 Reading. When an array's chunks are raw bytes (the ``bytes`` codec alone, no compressor, chunked
 along rows only) a chunk file *is* the raw C-order bytes of ``chunk_rows`` rows (zarr pads edge
 chunks), and so is the data part of a shard whose chunks lie back to back, as this module
-writes them. Such an array is read here without zarr at all: each file is mapped with
-:class:`numpy.memmap` when first touched, so a sentence is a zero-copy view of the page cache,
-shared by every DataLoader worker, exactly as with HDF5. A sentence that straddles two files is
-the concatenation of two slices (one copy). A file that does not exist is an error, not the fill
-value zarr would read (see :func:`_open_file`), and so is one that is not a regular file. A shard's
-index is checked (size, CRC-32C, layout) when the shard is first mapped; the rows themselves are
-checked against their block sums by the reader (:mod:`elmo_cache.store.blocksums`).
+writes them. Such an array is read here without zarr at all: each file is opened when first
+touched and a sentence is one positioned read (``pread``) of it into a fresh array, from the page
+cache every DataLoader worker shares, exactly as with HDF5 (:mod:`elmo_cache.store.positioned` says
+why not a mapping: a file truncated under one kills the process). A sentence that straddles two
+files is two reads into one array. A file that does not exist is an error, not the fill value zarr
+would read (see ``maps._open_file``), and so is one that is not a regular file, or one that is not
+the file first opened (replaced under the reader). A shard's index is checked (size, CRC-32C, layout)
+when the shard is first opened; the rows themselves are checked against their block sums by the
+reader (:mod:`elmo_cache.store.blocksums`).
 
-Mappings are kept in an LRU (each holds a file descriptor before Python 3.13, and every one
-counts against the kernel's mappings per process; see :func:`_max_open_maps`); re-mapping an
-evicted file costs an ``open``, a small read and an ``mmap`` (tens of microseconds). Opening touches only the
+Open files are bounded per array (an eighth of ``ulimit -n``; see ``maps._max_open_files``); reopening
+a closed file costs an ``open`` and an ``fstat`` (a few microseconds). Opening touches only the
 ``zarr.json`` files and the first and last file of each array, so it is independent of the
 cache size, and ``zarr`` itself is not even imported (the writer imports it).
 
@@ -38,7 +39,7 @@ output, so the output path only ever holds a finished cache. :func:`create_group
 
 from __future__ import annotations
 
-from elmo_cache.store.zarr.maps import ChunkedArray
+from elmo_cache.store.chunked import ChunkedArray
 from elmo_cache.store.zarr.read import is_store, open_arrays, open_with_library, read_metadata
 from elmo_cache.store.zarr.write import (
     COMPRESSIONS,

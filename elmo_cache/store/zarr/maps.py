@@ -1,19 +1,17 @@
-"""Memory-mapped and decoded views of a zarr array's rows (the reading half of :mod:`elmo_cache.store.zarr`).
+"""Views of a zarr array's rows (the reading half of :mod:`elmo_cache.store.zarr`).
 
-:class:`ChunkedArray` is what the reader indexes; :class:`MappedChunks` and :class:`MappedShards` map raw
-chunk or shard files with :mod:`mmap` (zarr is not imported), :class:`DecodedChunks` asks zarr for one
+:class:`RawChunks` and :class:`RawShards` read raw chunk or shard files with positioned reads
+(:mod:`elmo_cache.store.positioned`; zarr is not imported), :class:`DecodedChunks` asks zarr for one
 decoded chunk at a time when an array is compressed. The module docstring of :mod:`elmo_cache.store.zarr`
 explains the choice.
 """
 
 from __future__ import annotations
 
-import math
-import mmap
+import contextlib
 import os
 import resource
 import stat
-import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
+from elmo_cache.store.chunked import ChunkedArray
+from elmo_cache.store.positioned import OpenFile, PositionedRows
 
-__all__ = ["ChunkedArray", "DecodedChunks", "MappedChunks", "MappedShards"]
+__all__ = ["DecodedChunks", "RawChunks", "RawShards"]
 
 # zarr's sharding codec marks an inner chunk that is not in the shard file with this offset and size.
 ABSENT_CHUNK = 2**64 - 1
@@ -33,38 +33,11 @@ ABSENT_CHUNK = 2**64 - 1
 _DECODED_CACHE_BYTES = 256 * 2**20
 
 
-# Python 3.13 can map a file without keeping a duplicate of its descriptor; before, every mapping
-# holds one open file.
-_MAP_OPTIONS: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
-
-
-def _max_open_maps() -> int:
-    """Files one array keeps mapped: an eighth of the kernel's per-process ``vm.max_map_count``
-    and, where every mapping holds a file descriptor (Python < 3.13), of the soft ``ulimit -n``,
-    leaving the rest to the user's program (DataLoader workers, sockets...)."""
-    try:
-        limit = int(Path("/proc/sys/vm/max_map_count").read_text()) // 8
-    except (OSError, ValueError):
-        limit = 65530 // 8
-    if not _MAP_OPTIONS:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY:
-            limit = min(limit, soft // 8)
-    return max(8, limit)
-
-
-def _map_block(fd: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """The first bytes of the open file ``fd`` as a read-only array of ``shape``, memory-mapped.
-
-    ``mmap`` + ``frombuffer`` rather than ``numpy.memmap``, which resolves the path and builds a
-    subclass whose indexing runs Python code: a cache that maps tens of thousands of files in turn
-    pays that on every one.
-    """
-    count = math.prod(shape)
-    if count == 0:
-        return np.empty(shape, dtype=dtype)
-    mapping = mmap.mmap(fd, count * dtype.itemsize, access=mmap.ACCESS_READ, **_MAP_OPTIONS)
-    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
+def _max_open_files() -> int:
+    """Files one array keeps open: an eighth of the soft ``ulimit -n``, leaving the rest to the user's
+    program (DataLoader workers, sockets...)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(8, 1024 if soft == resource.RLIM_INFINITY else soft // 8)
 
 
 def _open_file(path: str, array: ChunkedArray, c: int) -> int | None:
@@ -98,113 +71,13 @@ def _open_file(path: str, array: ChunkedArray, c: int) -> int | None:
     return fd
 
 
-class ChunkedArray:
-    """A read-only array chunked along axis 0, indexable like a numpy array by int or slice.
-
-    Subclasses provide :meth:`_load_chunk`, which returns the full chunk ``c`` (``chunk_rows``
-    rows; edge chunks may hold padding beyond ``shape[0]``).
-    """
-
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int):
-        self.name = name
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        self.ndim = len(self.shape)
-        self.chunk_rows = int(chunk_rows)
-        self.n_chunks = math.ceil(self.shape[0] / self.chunk_rows) if self.shape[0] else 0
-        # Whether an absent file reads as the fill value (an unfinished cache opened with allow_incomplete).
-        self.allow_missing = False
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def _load_chunk(self, c: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def item(self, i: int) -> Any:
-        """Element ``i`` (0 <= i < len) of a 1-D array as a Python scalar: the reader's hot path."""
-        c, r = divmod(i, self.chunk_rows)
-        return self._load_chunk(c).item(r)
-
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` (0 <= start <= stop <= len): one view when inside one chunk, else a copy."""
-        return self._rows(start, stop)
-
-    def chunk(self, c: int) -> np.ndarray:
-        """Chunk ``c``, restricted to the rows that exist."""
-        block = self._load_chunk(c)
-        valid = min(self.chunk_rows, self.shape[0] - c * self.chunk_rows)
-        return block if valid == self.chunk_rows else block[:valid]
-
-    def __getitem__(self, key: Any) -> Any:
-        n = self.shape[0]
-        if isinstance(key, (int, np.integer)):
-            i = int(key)
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
-                raise IndexError(f"index {int(key)} out of range for array {self.name!r} of length {n}")
-            c, r = divmod(i, self.chunk_rows)
-            return self._load_chunk(c)[r]
-        if isinstance(key, slice):
-            start, stop, step = key.indices(n)
-            if step != 1:
-                return np.stack([self[i] for i in range(start, stop, step)]) if start != stop else self._empty()
-            return self._rows(start, stop)
-        if isinstance(key, (np.ndarray, list, tuple)):
-            idx = np.asarray(key, dtype=np.int64).reshape(-1)
-            if idx.size == 0:
-                return self._empty()
-            return np.stack([self[int(i)] for i in idx])
-        raise TypeError(f"array {self.name!r}: unsupported index {key!r}")
-
-    def _empty(self) -> np.ndarray:
-        return np.empty((0, *self.shape[1:]), dtype=self.dtype)
-
-    def _rows(self, start: int, stop: int) -> np.ndarray:
-        if stop <= start:
-            return self._empty()
-        c0, r0 = divmod(start, self.chunk_rows)
-        c1, r1 = divmod(stop - 1, self.chunk_rows)
-        if c0 == c1:
-            return self._load_chunk(c0)[r0 : r1 + 1]
-        parts = [self._load_chunk(c0)[r0:]]
-        parts.extend(self._load_chunk(c) for c in range(c0 + 1, c1))
-        parts.append(self._load_chunk(c1)[: r1 + 1])
-        joined = np.concatenate(parts)
-        joined.setflags(write=False)  # read-only like the mapped views, whichever path served it
-        return joined
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        # Always a fresh, writable array: never a view that would pin a mapping by surprise.
-        return np.array(self._rows(0, self.shape[0]), dtype=dtype)
-
-    def contiguous(self) -> np.ndarray | None:
-        """The whole array as one memory-mapped view when it is a single mapped chunk, else None."""
-        return None
-
-    def searchsorted(self, value: int) -> int:
-        """Leftmost insertion point of ``value`` in this sorted 1-D array, touching O(log n) chunks."""
-        if self.n_chunks == 0:
-            return 0
-        # First find the last chunk whose first element is <= value, then search inside it.
-        lo, hi = 0, self.n_chunks
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self._load_chunk(mid)[0] < value:
-                lo = mid
-            else:
-                hi = mid
-        block = self.chunk(lo)
-        return lo * self.chunk_rows + int(np.searchsorted(block, value, side="left"))
-
-
-class _MappedFiles(ChunkedArray):
-    """An array whose files hold raw rows, each checked and mapped on first use (LRU-bounded).
+class _RawFiles(PositionedRows):
+    """An array whose files hold raw rows, each checked when first opened and read by position.
 
     A "chunk" of :class:`ChunkedArray` is one file here. Subclasses say how many rows a file's
-    block has, how a file is checked (:meth:`_check`, which raises :class:`CacheFormatError`)
-    and how it is mapped.
+    block has and how a file is checked (:meth:`_check`, which raises :class:`CacheFormatError`;
+    it returns None for a file of raw rows from byte 0, else what :meth:`_gather` needs to read it
+    into memory). At most :func:`_max_open_files` files stay open (first in, first out).
     """
 
     def __init__(
@@ -220,11 +93,11 @@ class _MappedFiles(ChunkedArray):
         super().__init__(name, shape, dtype, file_rows)
         self._directory = directory
         self._key = key
-        self._fill = fill_value
-        self._row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._max_maps = _max_open_maps()
-        self._plain: set[int] = set()  # files checked and found to be raw rows (mapped whole)
+        self._fill_value = fill_value
+        self._files: dict[int, tuple[OpenFile, int] | np.ndarray] = {}
+        self._max_files = _max_open_files()
+        # Each file's identity when first opened, and whether it held raw rows (then it is not checked again).
+        self._known: dict[int, tuple[tuple[int, ...], bool]] = {}
 
     def _block_rows(self, c: int) -> int:
         raise NotImplementedError
@@ -232,55 +105,50 @@ class _MappedFiles(ChunkedArray):
     def _check(self, c: int, path: str, fd: int) -> Any:
         raise NotImplementedError
 
-    def _map(self, c: int, path: str, fd: int, checked: Any) -> np.ndarray:
-        return _map_block(fd, (self._block_rows(c), *self.shape[1:]), self.dtype)
+    def _gather(self, c: int, path: str, fd: int, checked: Any) -> np.ndarray:
+        raise NotImplementedError
 
-    def _load_chunk(self, c: int) -> np.ndarray:
-        block = self._maps.get(c)
-        if block is not None:
-            self._maps.move_to_end(c)
-            return block
+    def _what(self, c: int) -> str:
+        return f"file {c} of array {self.name!r}"
+
+    def _source(self, c: int) -> tuple[OpenFile, int] | np.ndarray:
+        source = self._files.get(c)
+        return source if source is not None else self._open(c)
+
+    def _open(self, c: int) -> tuple[OpenFile, int] | np.ndarray:
         if not 0 <= c < self.n_chunks:
             raise IndexError(f"file {c} out of range for array {self.name!r}")
-        path = os.path.join(self._directory, self._key(c, self.ndim))  # not pathlib: this runs per re-map
+        path = os.path.join(self._directory, self._key(c, self.ndim))  # not pathlib: this runs per reopen
         fd = _open_file(path, self, c)
+        source: tuple[OpenFile, int] | np.ndarray
         if fd is None:  # only in an unfinished cache opened with allow_incomplete: the fill value, as zarr says
-            block = np.broadcast_to(np.asarray(self._fill, dtype=self.dtype), (self._block_rows(c), *self.shape[1:]))
+            source = np.broadcast_to(np.asarray(self._fill_value, dtype=self.dtype), (self._block_rows(c), *self._tail))
         else:
-            try:
-                # A file re-mapped after the LRU dropped it was checked the first time.
-                checked = None if c in self._plain else self._check(c, path, fd)
-                if checked is None:
-                    self._plain.add(c)
-                block = self._map(c, path, fd, checked)
-            finally:
-                os.close(fd)
-        self._maps[c] = block
-        if len(self._maps) > self._max_maps:
-            self._maps.popitem(last=False)
-        return block
+            handle = OpenFile(path, fd)  # owns fd from here
+            known = self._known.get(c)
+            if known is not None and known[0] != handle.identity:
+                raise CacheCorruptError(
+                    f"{path}: {self._what(c)} is not the file this reader first opened (replaced or rewritten "
+                    "since the cache was opened: a new build or copy over it?); reopen the cache"
+                )
+            checked = None if known is not None and known[1] else self._check(c, path, fd)
+            self._known[c] = (handle.identity, checked is None)
+            source = (handle, 0) if checked is None else self._gather(c, path, fd, checked)
+        files = self._files
+        if len(files) >= self._max_files:
+            # Its descriptor closes once no read holds it; another thread may have changed the dict: no matter.
+            with contextlib.suppress(KeyError, StopIteration, RuntimeError):
+                del files[next(iter(files))]
+        files[c] = source
+        return source
 
     def check_files(self) -> None:
         """Check the first and the last file (a ``stat`` and, for shards, a small read each; the rest on first use)."""
         for c in sorted({0, self.n_chunks - 1} if self.n_chunks else set()):
-            path = os.path.join(self._directory, self._key(c, self.ndim))
-            fd = _open_file(path, self, c)
-            if fd is None:
-                continue
-            try:
-                self._check(c, path, fd)
-            finally:
-                os.close(fd)
-
-    def contiguous(self) -> np.ndarray | None:
-        if self.n_chunks == 1:
-            return self._load_chunk(0)[: self.shape[0]]
-        if self.n_chunks == 0:
-            return self._empty()
-        return None
+            self._source(c)
 
 
-class MappedChunks(_MappedFiles):
+class RawChunks(_RawFiles):
     """Uncompressed, unsharded zarr arrays: each chunk file is ``chunk_rows`` raw rows (edge chunks padded)."""
 
     def _block_rows(self, c: int) -> int:
@@ -295,13 +163,13 @@ class MappedChunks(_MappedFiles):
             )
 
 
-class MappedShards(_MappedFiles):
+class RawShards(_RawFiles):
     """Uncompressed sharded zarr arrays: each shard file is inner chunks in row order, then its index.
 
     elmo-cache writes shards whose inner chunks lie back to back from byte 0 (the layout zarr itself
-    writes), so a shard's rows are one raw C-order block: it is mapped whole, and a "chunk" of this
+    writes), so a shard's rows are one raw C-order block: it is read by position, and a "chunk" of this
     class is a shard (``chunk_rows`` = rows per shard). The index at the end of the file is checked
-    (its CRC-32C, and that it describes exactly that layout) when the file is first mapped; a shard
+    (its CRC-32C, and that it describes exactly that layout) when the file is first opened; a shard
     laid out otherwise (valid zarr, written by another tool) is read chunk by chunk into memory.
     """
 
@@ -343,8 +211,8 @@ class MappedShards(_MappedFiles):
         return body
 
     def _check(self, c: int, path: str, fd: int) -> np.ndarray | None:
-        """Check shard ``c``'s size and index; None when its chunks lie back to back (it can be
-        mapped whole), else its (offset, size) pairs."""
+        """Check shard ``c``'s size and index; None when its chunks lie back to back (its rows are read
+        by position), else its (offset, size) pairs."""
         size = os.fstat(fd).st_size
         present = self._present(c)
         expected = present * self._inner_bytes + self._index_bytes
@@ -379,12 +247,10 @@ class MappedShards(_MappedFiles):
             )
         return index
 
-    def _map(self, c: int, path: str, fd: int, checked: np.ndarray | None) -> np.ndarray:
-        return super()._map(c, path, fd, None) if checked is None else self._gather(path, fd, checked, self._present(c))
-
-    def _gather(self, path: str, fd: int, index: np.ndarray, present: int) -> np.ndarray:
+    def _gather(self, c: int, path: str, fd: int, index: np.ndarray) -> np.ndarray:
         """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
-        block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill, dtype=self.dtype)
+        present = self._present(c)
+        block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill_value, dtype=self.dtype)
         for j, (offset, size) in enumerate(index[:present].tolist()):
             if offset == ABSENT_CHUNK:
                 continue
@@ -423,12 +289,19 @@ class DecodedChunks(ChunkedArray):
         if block is not None:
             self._decoded.move_to_end(c)
             return block
+        where = self.name
         if self._file_of is not None:  # zarr would read an absent file as zeros, and block on a FIFO
-            k, path = self._file_of(c)
-            fd = _open_file(path, self, k)
+            k, where = self._file_of(c)
+            fd = _open_file(where, self, k)
             if fd is not None:
                 os.close(fd)
-        block = np.asarray(self._array[c * self.chunk_rows : (c + 1) * self.chunk_rows])
+        try:
+            block = np.asarray(self._array[c * self.chunk_rows : (c + 1) * self.chunk_rows])
+        except Exception as exc:  # zarr and its codecs raise many types for a truncated or damaged chunk
+            raise CacheCorruptError(
+                f"{where}: zarr cannot decode chunk {c} of array {self.name!r} ({type(exc).__name__}: {exc}); "
+                "the file was truncated, replaced or damaged: run `elmo-cache verify` on the cache"
+            ) from None
         block.setflags(write=False)
         self._decoded[c] = block
         if len(self._decoded) > self._max_chunks:

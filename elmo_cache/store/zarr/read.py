@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.chunked import ChunkedArray
 from elmo_cache.store.columns import cache_arrays, optional_arrays
 from elmo_cache.store.format import META_KEY, ZARR_JSON, decode_metadata
-from elmo_cache.store.zarr.maps import ChunkedArray, DecodedChunks, MappedChunks, MappedShards
+from elmo_cache.store.zarr.maps import DecodedChunks, RawChunks, RawShards
 
 __all__ = ["is_store", "read_metadata", "read_json", "open_arrays", "open_with_library"]
 
@@ -99,9 +100,7 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
     if plain and _raw_bytes(codecs):
         dtype = dtype.newbyteorder(_raw_bytes(codecs))
         key = _chunk_key(meta.get("chunk_key_encoding") or {}, root / name)
-        return MappedChunks(
-            name, shape, dtype, chunk_shape[0], directory, key, _fill_value(meta.get("fill_value"), dtype)
-        )
+        return RawChunks(name, shape, dtype, chunk_shape[0], directory, key, _fill_value(meta.get("fill_value"), dtype))
     sharded = len(codecs) == 1 and codecs[0].get("name") == "sharding_indexed"
     sharding = (codecs[0].get("configuration") or {}) if sharded else {}
     inner = [int(s) for s in sharding.get("chunk_shape") or []]
@@ -120,7 +119,7 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
         dtype = dtype.newbyteorder(_raw_bytes(sharding["codecs"]))
         key = _chunk_key(meta.get("chunk_key_encoding") or {}, root / name)
         fill = _fill_value(meta.get("fill_value"), dtype)
-        return MappedShards(
+        return RawShards(
             name, shape, dtype, chunk_shape[0], inner[0], directory, key, fill, index_codecs[-1] == "crc32c"
         )
     import zarr  # only compressed caches pay for importing zarr
