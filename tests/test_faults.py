@@ -333,3 +333,124 @@ def test_the_inline_checks_stop_only_once_every_block_passed(pristine, tmp_path)
     with elmo_cache.open(path) as cache, pytest.raises(CacheCorruptError, match="of array 'vectors' fail their CRC"):
         for i in range(len(cache)):
             cache[i]
+
+
+# -- forgeries: the cache's identity is bound to its data (issue 32, item 6) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def siblings(tmp_path_factory, tiny_encoder):
+    """{format: (A, B)}: two caches of the same corpus and shapes (two layers each) but other layers, so
+    every array but 'vectors' (and its sums) is the same and any metadata of one fits the other's arrays."""
+    root = tmp_path_factory.mktemp("siblings")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    made = {}
+    for fmt, suffix in (("zarr", ".zarr"), ("hdf5", ".h5")):
+        pair = []
+        for name, layers in (("a", "0,1"), ("b", "1,2")):
+            options = BuildOptions(
+                output=root / f"{name}{suffix}",
+                layers=layers,
+                chunk_rows=5 if fmt == "zarr" else None,
+                shard_rows=10 if fmt == "zarr" else None,
+                progress=False,
+            )
+            pair.append(build(corpus, options, encoder=tiny_encoder).path)
+        made[fmt] = tuple(pair)
+    return made
+
+
+def _copy(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / source.name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copyfile(source, target)
+    return target
+
+
+def _metadata(path: Path) -> dict:
+    if path.is_dir():
+        return json.loads((path / "zarr.json").read_text())["attributes"]["elmo_cache"]
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs["elmo_cache"])
+
+
+def _set_metadata(path: Path, meta: dict) -> None:
+    if path.is_dir():
+        group = json.loads((path / "zarr.json").read_text())
+        group["attributes"]["elmo_cache"] = meta
+        (path / "zarr.json").write_text(json.dumps(group))
+    else:
+        with h5py.File(path, "r+") as f:
+            f.attrs["elmo_cache"] = json.dumps(meta)
+
+
+def _refused_everywhere(path: Path, error=CacheCorruptError) -> None:
+    """No read of ``path`` answers: the library raises ``error`` at open or on the first read, verify fails
+    and the server answers 5xx, never 200."""
+    from elmo_cache.verify.checks import verify
+
+    with pytest.raises(error), elmo_cache.open(path) as cache:
+        cache[0]
+    assert not verify(path).ok
+    assert set(_check_server(path, [np.zeros(0)] * len(LINES))) == {"error"}
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
+def test_a_siblings_metadata_is_caught(siblings, tmp_path, fmt):
+    """Cache A under B's metadata claimed B's layers: the server answered layers=[1, 2] with A's layers 0 and 1,
+    200, source cache, and verify passed. The digests of B's block sums do not match A's sums."""
+    a, b = siblings[fmt]
+    forged = _copy(a, tmp_path)
+    _set_metadata(forged, _metadata(b))
+    _refused_everywhere(forged)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
+def test_removed_checksums_are_caught(siblings, tmp_path, fmt):
+    """Without 'checksums' every block check was off; a cache whose metadata says it was written with them
+    is refused without them."""
+    forged = _copy(siblings[fmt][0], tmp_path)
+    meta = _metadata(forged)
+    del meta["checksums"]
+    _set_metadata(forged, meta)
+    _refused_everywhere(forged, CacheFormatError)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
+def test_vectors_with_their_sums_from_another_build_are_caught(siblings, tmp_path, fmt):
+    """B's vectors with B's block sums inside A: each block matches its (B's) sum, but those sums are not the
+    ones A's metadata records. Before, every sentence read B's vectors as A's."""
+    a, b = siblings[fmt]
+    forged = _copy(a, tmp_path)
+    if fmt == "zarr":
+        for part in ("vectors", "blocksums/vectors"):
+            shutil.rmtree(forged / part)
+            shutil.copytree(b / part, forged / part)
+    else:
+        with h5py.File(b, "r") as source, h5py.File(forged, "r+") as target:
+            for name in ("vectors", "blocksums/vectors"):
+                target[name][...] = source[name][...]
+    _refused_everywhere(forged)
+
+
+def test_half_of_the_shards_from_another_build_are_caught(siblings, tmp_path):
+    """Half of A's shards replaced by B's: their blocks fail A's sums, the others still read A's vectors (never
+    a wrong one); with B's sums copied in too, the sums are not A's and nothing reads."""
+    a, b = siblings["zarr"]
+    with elmo_cache.open(a) as cache:
+        truth = [np.array(cache[i]) for i in range(len(cache))]
+    for with_sums in (False, True):
+        forged = _copy(a, tmp_path / str(with_sums))
+        shards = sorted((b / "vectors" / "c").iterdir(), key=lambda p: int(p.name))
+        for shard in shards[: len(shards) // 2]:
+            shutil.copyfile(shard / "0" / "0", forged / "vectors" / "c" / shard.name / "0" / "0")
+        if with_sums:
+            shutil.rmtree(forged / "blocksums" / "vectors")
+            shutil.copytree(b / "blocksums" / "vectors", forged / "blocksums" / "vectors")
+            _refused_everywhere(forged)
+        else:
+            outcomes = _run_case(forged, truth)  # asserts that every answer is A's own vector or an error
+            assert "error" in outcomes and "ok" in outcomes

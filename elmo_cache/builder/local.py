@@ -34,13 +34,14 @@ import numpy as np
 import torch
 
 from elmo_cache.builder.codebooks import corpus_windows, final_arrays, train_in_process
+from elmo_cache.builder.corpus_record import compare, corpus_entry, line_hashes
 from elmo_cache.builder.dedupe import SeenSentences
 from elmo_cache.builder.encoding import Window, WindowCutter, WindowEncoder, assign_window, default_batch_tokens
 from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.output import check_resumed
 from elmo_cache.builder.plan import Plan, metadata, options_json
-from elmo_cache.errors import CacheExistsError, CorpusError, ElmoCacheError, InvalidParameterError
+from elmo_cache.errors import CorpusChangedError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import OutputKind, OutputState, Progress, Writer, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
@@ -110,9 +111,8 @@ def _read_windows(
             if window is not None:
                 _put(output, window, stop)
         if read < start:
-            raise CacheExistsError(
-                f"{source.name} has {read} lines but the interrupted build already stored {start}; the corpus changed "
-                "since. Pass --overwrite to start over"
+            _changed_since(
+                source, committed, f"{source.name} has {read} lines but the interrupted build stored {start}"
             )
         window = cutter.flush()
         if window is not None:
@@ -138,10 +138,23 @@ def _check_prefix(source: Corpus, committed: np.ndarray | None, first: int, hash
     mismatch = np.flatnonzero(stored != np.array(hashes, dtype=np.uint64))
     if len(mismatch):
         line = first + int(mismatch[0])
-        raise CacheExistsError(
-            f"{source.name}, line {line + 1}: differs from the line the interrupted build stored; the corpus changed "
-            "since. Pass --overwrite to start over"
+        _changed_since(
+            source, committed, f"{source.name}, line {line + 1}: differs from the line the interrupted build stored"
         )
+
+
+def _changed_since(source: Corpus, committed: np.ndarray | None, found: str) -> None:
+    """Raise :class:`CorpusChangedError` for a resume over another version of the corpus: what ``found``, then
+    (a file can be read again) how many of the committed lines changed or were removed and what was inserted."""
+    detail = ""
+    if committed is not None and source.is_regular_file:
+        changes = compare(np.asarray(committed), line_hashes(source), stored_is_prefix=True)
+        if changes is not None:
+            detail = f" ({changes.describe()}, among the {len(committed)} lines it stored)"
+    raise CorpusChangedError(
+        f"{found}: the corpus changed since the build was interrupted{detail}. Rerun with the corpus it was started "
+        "on to resume it, or pass --overwrite to start over"
+    )
 
 
 class _WriterThread(threading.Thread):
@@ -299,7 +312,10 @@ class LocalRun:
             seconds=round(progress.seconds, 3),
             tokens_per_s=round(progress.tokens / progress.seconds, 1) if progress.seconds > 0 else None,
         )
-        meta = metadata(self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info)
+        corpus = corpus_entry(self.writer.sentences().read_keys, progress.lines)
+        meta = metadata(
+            self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info, corpus=corpus
+        )
         if self.writer.layout.token_rows:  # a pool-only cache holds no codebooks: it has no codes
             self.writer.extra_arrays = final_arrays(self.writer.staging, plan)
         try:

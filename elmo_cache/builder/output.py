@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elmo_cache.builder.corpus_record import check_same_corpus
 from elmo_cache.builder.plan import Plan, comparable_identity, differences
 from elmo_cache.errors import CacheExistsError
 from elmo_cache.store import OutputKind, OutputState, inspect_output, remove_output
 from elmo_cache.store.format import BUILD_DIR, staging_path
+from elmo_cache.text.corpus import Corpus
 
 if TYPE_CHECKING:
     from elmo_cache.builder.engine import Engine
@@ -19,11 +21,14 @@ if TYPE_CHECKING:
 __all__ = ["prepare_output", "check_resumed"]
 
 
-def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool, engines: Sequence[Engine]) -> OutputState:
-    """Decide what to do about what is already at the output, for a build by ``engines[0]``.
+def prepare_output(
+    plan: Plan, identity: dict[str, Any], overwrite: bool, engines: Sequence[Engine], source: Corpus | None = None
+) -> OutputState:
+    """Decide what to do about what is already at the output, for a build by ``engines[0]`` of ``source``.
 
     Returns the output's state (:meth:`Container.inspect <elmo_cache.store.container.Container.inspect>`):
-    COMPLETE (the same cache is there: nothing to do), RESUMABLE (the staging holds an interrupted build of
+    COMPLETE (the same cache of the same corpus is there: nothing to do; another corpus is a
+    :class:`~elmo_cache.errors.CorpusChangedError`), RESUMABLE (the staging holds an interrupted build of
     ``engines[0]``, which checks it is the same build when it starts) or FRESH (nothing is left there).
     Raises :class:`CacheExistsError` for anything else, unless ``overwrite`` (then everything goes).
     The other ``engines`` only say whose interrupted build the staging holds.
@@ -54,6 +59,8 @@ def prepare_output(plan: Plan, identity: dict[str, Any], overwrite: bool, engine
             raise CacheExistsError(
                 f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
             )
+        if source is not None:
+            check_same_corpus(output, meta, source)
         remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
         if staging.exists():
             remove_output(staging)

@@ -335,9 +335,16 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 
 def metadata(
-    identity: dict[str, Any], progress: Progress, *, complete: bool, n_unique: int, build_info: dict[str, Any]
+    identity: dict[str, Any],
+    progress: Progress,
+    *,
+    complete: bool,
+    n_unique: int,
+    build_info: dict[str, Any],
+    corpus: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The cache metadata of FORMAT.md for a build at ``progress``."""
+    """The cache metadata of FORMAT.md for a build at ``progress`` (``corpus``: what a finished build was
+    built from, :func:`elmo_cache.builder.corpus_record.corpus_entry`)."""
     meta = {
         "format": FORMAT_NAME,
         "format_version": format_version(identity),
@@ -348,6 +355,9 @@ def metadata(
         # A pool-only build counts the rows its offsets address but writes none.
         "n_rows": 0 if (identity.get("pool") or {}).get("only") else progress.rows,
         "n_unique": n_unique,
+        **({"corpus": corpus} if corpus is not None else {}),
+        # This builder always writes checksums with bound block sums: a reader refuses the cache without them.
+        "checksums_required": True,
         "elmo_cache_version": __version__,
         "build": build_info,
     }

@@ -45,7 +45,7 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
         ident = identity(plan, model.identity, dedupe=bool(options.dedupe))
         job = BuildJob(source, options, plan, model, files, ident, began)
         with engine.session(job):
-            found = prepare_output(plan, ident, options.overwrite, [engine, *other_engines(engine)])
+            found = prepare_output(plan, ident, options.overwrite, [engine, *other_engines(engine)], source)
             if found.kind is OutputKind.COMPLETE:
                 assert found.meta is not None
                 meta = found.meta

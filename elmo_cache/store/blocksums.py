@@ -28,7 +28,16 @@ import numpy as np
 from elmo_cache.errors import CacheCorruptError, CacheFormatError
 from elmo_cache.store.format import ARRAYS, BLOCK_SUMS_ALGORITHM, SMALL_BLOCK_ROWS, block_sums_name
 
-__all__ = ["crc32c", "block_sums", "BlockSummer", "BlockGuard", "guards", "write_sums_file", "read_sums_file"]
+__all__ = [
+    "crc32c",
+    "block_sums",
+    "sums_digest",
+    "BlockSummer",
+    "BlockGuard",
+    "guards",
+    "write_sums_file",
+    "read_sums_file",
+]
 
 
 def _bytes(data: Any) -> np.ndarray:
@@ -51,6 +60,13 @@ def crc32c(data: Any, value: int = 0) -> int:
     """CRC-32C of ``data``'s bytes (little-endian), continuing from ``value``."""
     raw = _bytes(data)
     return int(google_crc32c.extend(value, raw)) if raw.size else value
+
+
+def sums_digest(sums: Any) -> str:
+    """The digest the metadata records of one array's block sums (``checksums.blocks.digests``): the CRC-32C
+    of the uint32 sums as little-endian bytes, as 8 hex digits. It binds the sums to the metadata: a sibling
+    cache's metadata, or the sums of another build copied with their data, no longer match."""
+    return f"{crc32c(np.asarray(sums, dtype='<u4')):08x}"
 
 
 def block_sums(data: np.ndarray, block_rows: int) -> np.ndarray:
@@ -119,9 +135,14 @@ class BlockGuard:
     ``ok[b]`` is 1 once block ``b`` passed; callers test it inline (the hot path) and call :meth:`check`
     only when it is 0. Two threads may both check a block before either marks it: a benign race (the
     block is summed twice), never a wrong answer, so no lock.
+
+    ``digest`` (metadata ``checksums.blocks.digests``; None in caches written before it): before the first
+    block is checked the whole sums array is read once (4 bytes per block) and its :func:`sums_digest`
+    compared with it, so sums that are not this cache's (with their data from another build, or under a
+    sibling's metadata) fail on the first read instead of vouching for the wrong rows.
     """
 
-    def __init__(self, where: str, name: str, array: Any, block_rows: int, sums: Any):
+    def __init__(self, where: str, name: str, array: Any, block_rows: int, sums: Any, digest: str | None = None):
         self.where, self.name = where, name
         self.block_rows = int(block_rows)
         self.n = int(array.shape[0])
@@ -130,10 +151,25 @@ class BlockGuard:
         # Blocks not yet checked: at 0 a reader may drop its inline test (warm reads then pay nothing).
         self.remaining = self.n_blocks
         self._count_lock = threading.Lock()
-        self._sum_at: Callable[[int], Any] = sums.item
+        self._sums = sums
+        self._digest = digest
+        self._sum_at: Callable[[int], Any] = sums.item if digest is None else self._first_sum
         self._read: Callable[[int, int], Any] = (
             array.rows if hasattr(array, "rows") else (lambda start, stop: array[start:stop])
         )
+
+    def _first_sum(self, b: int) -> Any:
+        """The sums read whole and their digest checked (once), then sum ``b``."""
+        loaded = np.asarray(self._sums, dtype=np.uint32)
+        actual = sums_digest(loaded)
+        if actual != self._digest:
+            raise CacheCorruptError(
+                f"{self.where}: the block sums of array {self.name!r} have digest {actual}, but the metadata records "
+                f"{self._digest}: the metadata or the sums (with their rows) come from another cache, or were damaged; "
+                "run `elmo-cache verify` on it, then rebuild or re-copy it"
+            )
+        self._sum_at = loaded.item
+        return loaded.item(b)
 
     def check(self, b: int) -> None:
         """Check block ``b``; raises :class:`CacheCorruptError` naming the array, block and rows."""
@@ -197,6 +233,7 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
     if recorded is None:
         return {}
     rows = recorded.get("rows") if isinstance(recorded, dict) else None
+    digests = recorded.get("digests") if isinstance(recorded, dict) else None
     if not isinstance(rows, dict) or recorded.get("algorithm") != BLOCK_SUMS_ALGORITHM:
         raise CacheFormatError(
             f"{where}: metadata 'checksums.blocks' is not a {BLOCK_SUMS_ALGORITHM} block listing; the cache is corrupt"
@@ -219,12 +256,20 @@ def guards(where: Any, meta: dict[str, Any], arrays: dict[str, Any], sums: dict[
                 f"{where}: array {block_sums_name(name)!r} (the block sums of {name!r}) is {what}, "
                 f"expected ({want},); the cache is incomplete or damaged (a partial copy?): rebuild or re-copy it"
             )
-        result[name] = BlockGuard(str(where), name, array, block_rows, stored)
+        digest = digests.get(name) if isinstance(digests, dict) else None
+        digest = digest if isinstance(digest, str) else None
+        result[name] = BlockGuard(str(where), name, array, block_rows, stored, digest)
     return result
 
 
-def sums_listing(vector_rows: int, optional: dict[str, int] | None = None) -> dict[str, Any]:
+def sums_listing(
+    vector_rows: int, optional: dict[str, int] | None = None, sums: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The metadata ``checksums.blocks`` of a cache whose ``vectors`` blocks are ``vector_rows`` rows;
-    ``optional`` gives the block rows of the optional arrays it holds (``pooled``)."""
+    ``optional`` gives the block rows of the optional arrays it holds (``pooled``); ``sums`` each array's
+    block sums, whose :func:`sums_digest` is recorded (``digests``)."""
     rows = {name: vector_rows if name == "vectors" else SMALL_BLOCK_ROWS for name in ARRAYS}
-    return {"algorithm": BLOCK_SUMS_ALGORITHM, "rows": {**rows, **(optional or {})}}
+    listing: dict[str, Any] = {"algorithm": BLOCK_SUMS_ALGORITHM, "rows": {**rows, **(optional or {})}}
+    if sums is not None:
+        listing["digests"] = {name: sums_digest(values) for name, values in sums.items()}
+    return listing

@@ -309,4 +309,17 @@ def parse_metadata(
         problems.append(f"complete {raw.get('complete')!r} (expected true or false)")
     if problems:
         raise CacheFormatError(f"{where}: invalid metadata: " + "; ".join(problems))
+    checksums = raw.get("checksums")
+    blocks = checksums.get("blocks") if isinstance(checksums, dict) else None
+    if (
+        raw.get("checksums_required") is True
+        and raw.get("complete") is True
+        and not (isinstance(blocks, dict) and isinstance(blocks.get("digests"), dict))
+    ):
+        problems.append(
+            "'checksums' (with 'blocks.digests') is missing, but 'checksums_required' says the build wrote them: "
+            "removed or damaged after the build, so nothing read from it could be checked; rebuild or re-copy it"
+        )
+    if problems:
+        raise CacheFormatError(f"{where}: invalid metadata: " + "; ".join(problems))
     return raw

@@ -220,6 +220,10 @@ class SentenceColumns:
             self._index = sort_index(self.files[HASHES].read_range, self.lines, self.work / "index")
         return self._index
 
+    def read_keys(self, start: int, stop: int) -> np.ndarray:
+        """The ``hashes`` column (each line's key) for lines ``[start, stop)``, read into memory."""
+        return self.files[HASHES].read_range(start, stop)
+
     def array_columns(self) -> dict[str, Column]:
         """The declared column behind each array written as it is (block rows, chunking, optional)."""
         return {spec.array: spec for spec in self.specs.values() if spec.array is not None}

@@ -21,7 +21,8 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
 from elmo_cache.rows.codecs import codec_of_metadata, nonfinite_rows, stored_row_shape
-from elmo_cache.store import open_with_library
+from elmo_cache.store import open_cache_arrays, open_with_library
+from elmo_cache.store.blocksums import sums_digest
 from elmo_cache.store.format import (
     FORMAT_VERSIONS,
     INDEX_DTYPES,
@@ -148,8 +149,35 @@ def _check_checksums(fmt: str, path: Path, meta: dict[str, Any], arrays: dict[st
     problems.extend(found[:20])
     if len(found) > 20:
         problems.append(f"... and {len(found) - 20} more damaged files or datasets")
+    _check_sums_digests(path, meta, recorded, problems)
     if not problems:
         report.checks.append(f"CRC-32 of the metadata and of every {what} match those recorded at the build")
+
+
+def _check_sums_digests(path: Path, meta: dict[str, Any], recorded: dict[str, Any], problems: list[str]) -> None:
+    """The block sums are this cache's: each array's sums have the digest its metadata records (a sibling's
+    metadata, or sums copied in with another build's rows, pass every file checksum of their own)."""
+    blocks = recorded.get("blocks")
+    digests = blocks.get("digests") if isinstance(blocks, dict) else None
+    if not isinstance(digests, dict):
+        if meta.get("checksums_required") is True:
+            problems.append(
+                "metadata 'checksums.blocks.digests' is missing, but 'checksums_required' says the build wrote it"
+            )
+        return
+    try:
+        _, _, _, sums = open_cache_arrays(path)
+    except CacheFormatError as exc:
+        problems.append(f"cannot read the block sums ({exc})")
+        return
+    for name, digest in digests.items():
+        stored = sums.get(name)
+        actual = None if stored is None else sums_digest(np.asarray(stored))
+        if actual != digest:
+            problems.append(
+                f"block sums of {name!r}: digest {actual}, the metadata records {digest}: the metadata or the sums "
+                "(with their rows) come from another cache"
+            )
 
 
 def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:

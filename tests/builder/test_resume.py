@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.errors import CacheExistsError, ElmoCacheError
+from elmo_cache.errors import CacheExistsError, CorpusChangedError, ElmoCacheError
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify.checks import verify
 from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
@@ -112,8 +112,22 @@ def test_resume_refuses_a_changed_corpus_and_other_options(tmp_path, tiny_encode
         build(corpus, BuildOptions(output=output, pool="mean", **same), encoder=tiny_encoder)
     lines[2] = "this line changed"
     write_corpus(corpus, lines)
-    with pytest.raises(CacheExistsError, match=r"c\.txt, line 3: differs from the line the interrupted build stored"):
+    stored = (
+        rf"c\.txt, line 3: differs from the line the interrupted build stored: the corpus changed since the build "
+        rf"was interrupted \(1 line changed, 0 added, 0 removed; the first difference is at line 3, among the "
+        rf"{committed} lines it stored\)"
+    )
+    with pytest.raises(CorpusChangedError, match=stored):
         build(corpus, options, encoder=tiny_encoder)
+    write_corpus(corpus, lines[:2] + lines[3:])  # a committed line removed (a deletion, not 57 changes)
+    with pytest.raises(
+        CorpusChangedError, match="0 lines changed, 0 added, 1 removed; the first difference is at line 3"
+    ):
+        build(corpus, options, encoder=tiny_encoder)
+    write_corpus(corpus, lines[:2])  # shorter than what was committed
+    with pytest.raises(CorpusChangedError, match=rf"c\.txt has 2 lines but the interrupted build stored {committed}"):
+        build(corpus, options, encoder=tiny_encoder)
+    write_corpus(corpus, lines)
     summary = build(corpus, BuildOptions(output=output, overwrite=True, progress=False), encoder=tiny_encoder)
     assert summary.resumed_from == 0 and summary.n_sentences == 60
 

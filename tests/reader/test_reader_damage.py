@@ -128,7 +128,7 @@ def test_corrupt_arrays(make_cache, fmt):
 
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_offsets_beyond_vectors(make_cache, fmt):
-    from elmo_cache.store.blocksums import block_sums
+    from elmo_cache.store.blocksums import block_sums, sums_digest
     from elmo_cache.store.format import SMALL_BLOCK_ROWS
 
     path = make_cache(fmt=fmt)
@@ -145,7 +145,17 @@ def test_offsets_beyond_vectors(make_cache, fmt):
     # Wrong offsets with matching sums (a writer's bug): the bounds still refuse rows past the end, and
     # verify finds the inconsistency. (The consecutive-rows check is left to caches without block sums:
     # with them, a bit flip is the sums' job, and warm reads stay within 1.2x of unchecked ones.)
-    replace_array(path, "blocksums/offsets", block_sums(offsets, SMALL_BLOCK_ROWS))
+    sums = block_sums(offsets, SMALL_BLOCK_ROWS)
+    replace_array(path, "blocksums/offsets", sums)
+    # Sums replaced after the build no longer match the digest the metadata records of them.
+    with (
+        elmo_cache.open(path) as cache,
+        pytest.raises(CacheCorruptError, match=r"block sums of array 'offsets' have digest .* metadata records"),
+    ):
+        cache[4]
+    meta = elmo_cache.open(path).metadata
+    meta["checksums"]["blocks"]["digests"]["offsets"] = sums_digest(sums)
+    set_metadata(path, checksums=meta["checksums"])
     with elmo_cache.open(path) as cache:
         np.testing.assert_array_equal(cache[3], direct(path, 3))
         np.testing.assert_array_equal(cache[4], direct(path, 4))  # its own offset and length are right
@@ -161,7 +171,7 @@ def test_a_cache_without_block_sums_checks_consecutive_rows(make_cache):
     path = make_cache(fmt="hdf5")
     with h5py.File(path, "r+") as f:
         meta = json.loads(f.attrs["elmo_cache"])
-        del meta["checksums"]["blocks"]
+        del meta["checksums"]["blocks"], meta["checksums_required"]  # as written before block sums
         for name in [name for name in f if name.startswith("blocksums")]:
             del f[name]
         meta["checksums"]["metadata"] = metadata_checksum(meta)
@@ -324,21 +334,20 @@ def test_a_file_truncated_under_an_open_reader_is_an_error_not_a_crash(make_cach
 
 
 def test_a_zarr_file_replaced_under_an_open_reader(make_cache, tmp_path, monkeypatch):
-    """A file renamed over by another build's file of the same size: while the reader keeps the file open it
-    reads the bytes it checked (a consistent view); opened again, the other file is an error, never its rows
-    (its block was checked the first time and is not checked again)."""
+    """A file renamed over by another of the same size (other rows, a valid shard index): while the reader keeps
+    the file open it reads the bytes it checked (a consistent view); opened again, the other file is an error,
+    never its rows (its block was checked the first time and is not checked again)."""
     from elmo_cache.store.zarr import maps as zarr_maps
 
     path = make_cache()
-    other = make_cache(layers=(1, 2, 0), name="other")  # the same shapes, other bytes
     shard = path / "vectors" / "c" / "1" / "0" / "0"
+    original = shard.read_bytes()
     replacement = tmp_path / "replacement"
 
     def replace() -> None:
-        shutil.copyfile(other / "vectors" / "c" / "1" / "0" / "0", replacement)
+        replacement.write_bytes(bytes(255 - x for x in original[:64]) + original[64:])  # rows changed, index kept
         replacement.replace(shard)
 
-    original = shard.read_bytes()
     with elmo_cache.open(path) as cache:
         inside = int(np.flatnonzero((np.asarray(cache._offsets) // 10 == 1) & (cache.lengths > 0))[0])
         first = np.array(cache[inside])

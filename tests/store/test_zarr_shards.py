@@ -165,6 +165,7 @@ def test_more_files_than_the_open_files_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(zarr_maps, "_max_open_files", lambda: 4)
     sentences = _sentences(40, seed=9)
     output = finish(write(tmp_path / "c.zarr", sentences, layout()))
+    gc.collect()
     before = len(os.listdir("/proc/self/fd"))
     with elmo_cache.open(output) as cache:
         assert cache._vectors.n_chunks > 10

@@ -296,7 +296,7 @@ class RayRun:
         )
         sums = stitch(self.writer, self.staging, self.layout, self.stored_rows, self.specs)
 
-        def meta_of(n_unique: int) -> dict[str, Any]:
+        def meta_of(n_unique: int, corpus: dict[str, Any]) -> dict[str, Any]:
             seconds = time.monotonic() - began
             build_info = {
                 **self.build_info,
@@ -305,7 +305,14 @@ class RayRun:
                 "seconds": round(seconds, 3),
                 "tokens_per_s": round(tokens_run / seconds, 1) if seconds > 0 else None,
             }
-            return metadata(self.job.identity, self.progress, complete=True, n_unique=n_unique, build_info=build_info)
+            return metadata(
+                self.job.identity,
+                self.progress,
+                complete=True,
+                n_unique=n_unique,
+                build_info=build_info,
+                corpus=corpus,
+            )
 
         # A pool-only cache holds no codebooks: it has no codes (as the local engine).
         extra = final_arrays(self.staging, self.job.plan, self.job.model.output_dim) if self.layout.token_rows else {}

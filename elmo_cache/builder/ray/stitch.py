@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from elmo_cache.builder.corpus_record import corpus_entry
 from elmo_cache.builder.firstpass import PLANNED_COLUMNS, FirstPass
 from elmo_cache.builder.ray.columns import join_column, part_lines
 from elmo_cache.builder.ray.parts import PartSpec, marker_path
@@ -54,14 +55,15 @@ def publish(
     output: Path,
     first: FirstPass,
     sums: dict[int, tuple[int, int]],
-    meta_of: Callable[[int], dict[str, Any]],
+    meta_of: Callable[[int, dict[str, Any]], dict[str, Any]],
     layout: Layout,
     specs: list[PartSpec],
     extra: dict[str, np.ndarray] | None = None,
 ) -> tuple[Path, int]:
     """Write the index and the other per-sentence arrays (``extra``: optional arrays such as a pq cache's
-    codebooks), then the metadata ``meta_of(n_unique)`` last, and publish the staging at ``output``; returns the
-    cache's path and its distinct sentences."""
+    codebooks), then the metadata ``meta_of(n_unique, corpus)`` (``corpus``: the record of the lines it was built
+    from) last, and publish the staging at ``output``; returns the cache's path and its distinct sentences."""
     sentences = sentence_columns(staging, layout, first, specs)
     n_unique = len(sentences.index()[0])
-    return writer.finish(staging, output, sentences, meta_of(n_unique), sums, extra), n_unique
+    corpus = corpus_entry(sentences.read_keys, sentences.lines)
+    return writer.finish(staging, output, sentences, meta_of(n_unique, corpus), sums, extra), n_unique

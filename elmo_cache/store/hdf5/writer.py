@@ -210,6 +210,7 @@ class Hdf5Writer(Writer):
             optional: dict[str, int] = {}  # block rows of the optional arrays written (pooled)
             declared = self.array_columns()
             arrays = self.small_arrays()
+            summed = ["vectors", *arrays]  # every array with block sums, by name (their digests are recorded)
             for name in list(arrays):
                 data = arrays.pop(name)  # dropped once written: a staged file's map would keep its disk
                 # Copied a block at a time (a whole copy would stay resident); a step is whole sum blocks.
@@ -244,7 +245,9 @@ class Hdf5Writer(Writer):
                 "algorithm": CHECKSUM_ALGORITHM,
                 "datasets": crcs,
                 "metadata": metadata_checksum(final),
-                "blocks": sums_listing(block_rows, optional),
+                "blocks": sums_listing(
+                    block_rows, optional, {name: all_sums[block_sums_name(name)] for name in summed}
+                ),
             }
             f.attrs[META_KEY] = json.dumps(final)
         fsync_path(tmp)

@@ -422,6 +422,7 @@ def finish_group(
                 for name, data in small_arrays.items()
                 if name in OPTIONAL_ARRAYS or getattr(columns.get(name), "optional", False)
             },
+            {name: sums[block_sums_name(name)] for name in ("vectors", *small_arrays)},
         ),
     }
     group.attrs[META_KEY] = final
