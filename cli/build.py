@@ -118,7 +118,16 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--input-format",
     default="lines",
     show_default=True,
-    help="lines (whitespace-split), tsv (tab-separated tokens, spaces kept) or conllu (FORM column).",
+    help="lines (one sentence a line, split by --tokenize), tsv (tab-separated tokens, spaces kept) or conllu "
+    "(FORM column).",
+)
+@click.option(
+    "--tokenize",
+    type=click.Choice(["whitespace", "ptb"]),
+    default=None,
+    help="How lines become tokens: whitespace, or ptb (PTB-style: punctuation and clitics split, the rules the "
+    "bundled model's training text went through). Default: ptb for the bundled model, whitespace for any other. "
+    "Recorded in the cache; lookups by text split the same way.",
 )
 @click.option(
     "--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over."
@@ -178,6 +187,7 @@ def build_command(
     window_batches: int,
     errors: str,
     input_format: str,
+    tokenize: str | None,
     overwrite: bool,
     engine: str,
     address: str | None,
@@ -188,8 +198,8 @@ def build_command(
 ) -> None:
     """Encode every line of CORPUS once and write the vectors to a cache."""
     from elmo_cache.builder import BuildOptions, build, resolve_output
+    from elmo_cache.builder.plan import open_corpus
     from elmo_cache.rows.selection import Selection
-    from elmo_cache.text.corpus import Corpus
     from elmo_cache.threads import apply_threads
 
     apply_threads(threads)
@@ -218,11 +228,12 @@ def build_command(
         window_batches=window_batches,
         errors=errors,
         input_format=input_format,
+        tokenize=tokenize,
         overwrite=overwrite,
         progress=not no_progress,
         commit_seconds=commit_seconds,
     )
-    source = Corpus(corpus, errors=errors, input_format=input_format)
+    source = open_corpus(corpus, options)
     click.echo(f"building {resolve_output(source, options)}", err=True)  # said before the model loads
     try:
         summary = build(source, options, engine=engine, address=address, workers=workers)

@@ -184,6 +184,11 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
         return _json_error(422, "validation_error", message, request_id=request_id, details=details)
     if isinstance(exc, StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot decode before parsing it as JSON (bytes that are not UTF-8):
+            # text that is not UTF-8 is a 422 in every format, as a lone surrogate inside valid JSON is.
+            message = f"the request body is not JSON text in UTF-8 ({message.rstrip('.')})"
+            return _json_error(422, "validation_error", message, request_id=request_id)
         code = getattr(exc, "code", None) or _HTTP_CODES.get(exc.status_code, "http_error")
         headers = getattr(exc, "headers", None)
         return _json_error(exc.status_code, code, message, request_id=request_id, headers=headers)
@@ -202,13 +207,13 @@ HANDLED = (ElmoCacheError, RequestValidationError, StarletteHTTPException)
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries documenting error statuses of a route."""
     texts = {
-        400: "the request body is not JSON text (e.g. invalid UTF-8) (`bad_request`)",
         401: "missing or wrong `Authorization: Bearer <key>` (only when the server has an API key)",
         404: "sentence not in the cache and no model loaded to encode it (`not_in_cache`)",
         413: "a limit was exceeded: `too_many_tokens` (tokens per sentence), `too_many_sentences` "
         "(sentences per request), `body_too_large` (request body bytes) or `limit_exceeded` (the answer's "
         "estimated size over `max_response_bytes`); see `GET /info`",
-        422: "invalid parameter: a value the schema refuses (`validation_error`), or a rule across "
+        422: "invalid parameter: a value the schema refuses or a body that is not JSON text in UTF-8 "
+        "(`validation_error`), or a rule across "
         "parameters (`invalid_parameter`): text that is not UTF-8 (a lone surrogate), `layers` with `mix`, "
         "`gamma`/`softmax` without `mix`, a layer this "
         "cache lacks with no model loaded, or a mix/gamma whose result overflows the answer's dtype",

@@ -37,7 +37,7 @@ from elmo_cache.server.pooled import (
 )
 from elmo_cache.server.settings import Settings
 from elmo_cache.server.workers import ReadPool
-from elmo_cache.text.tokenize import sentence_key, tokenize
+from elmo_cache.text.tokenize import PTB, WHITESPACE, sentence_key, tokenizer_for
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
@@ -83,6 +83,15 @@ def _check_utf8(text: str, where: str) -> None:
         ) from None
 
 
+def _tokenization(cache: Any, encoder: Any) -> str:
+    """The tokenisation text requests get: the cache's, else the model's own (PTB for the bundled model)."""
+    if cache is not None:
+        return str(getattr(cache, "metadata", {}).get("tokenization", WHITESPACE))
+    from elmo_cache.model.hub import BUNDLED
+
+    return PTB if (getattr(encoder, "identity", None) or {}).get("name") == BUNDLED else WHITESPACE
+
+
 class EmbedService:
     """Answers embedding requests from a cache and/or a live encoder (see the module docstring)."""
 
@@ -106,6 +115,10 @@ class EmbedService:
         # Cache reads run here, never in the event loop: a page may sit on a slow or dead disk.
         self.pool = pool if pool is not None else ReadPool(settings.read_threads)
         self.kind = getattr(cache, "kind", None)
+        # How a text becomes tokens: as the cache's build split its lines (metadata "tokenization"), so a sentence
+        # in the cache is found whatever spacing the caller used; without a cache, as the model's training text
+        # was (PTB-style for the bundled model).
+        self.split = tokenizer_for(_tokenization(cache, encoder))
         # What the cache stores (None without a cache).
         self.stored: Selection | None = None
         if cache is not None:
@@ -157,7 +170,8 @@ class EmbedService:
             else:
                 for j, token in enumerate(sentence):
                     _check_utf8(token, f"{where}[{j}]")
-        token_lists = [tokenize(sentence) if isinstance(sentence, str) else list(sentence) for sentence in sentences]
+        split = self.split
+        token_lists = [split(sentence) if isinstance(sentence, str) else list(sentence) for sentence in sentences]
         limit = self.settings.max_tokens_per_sentence
         for i, tokens in enumerate(token_lists):
             if len(tokens) > limit:

@@ -53,4 +53,4 @@ def run_build(
     corpus: str | os.PathLike[str] | Corpus, options: BuildOptions, engine: Engine, encoder: Encoder | None = None
 ) -> BuildSummary:
     """The build of ``corpus`` by ``engine`` (``encoder``: the one to use instead of ``options.model``)."""
-    return build_cache(open_corpus(corpus, options), options, engine, encoder)
+    return build_cache(open_corpus(corpus, options, encoder), options, engine, encoder)

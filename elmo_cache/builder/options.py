@@ -71,6 +71,10 @@ class BuildOptions:
     # kept exactly, spaces included) or "conllu" (the FORM column, a sentence per block); see
     # elmo_cache.text.formats.
     input_format: str = "lines"
+    # How a "lines" corpus is split into tokens: "whitespace" (str.split) or "ptb" (elmo_cache.text.ptb: the
+    # PTB-style rules the bundled model's training text went through); None: "ptb" for the bundled model,
+    # "whitespace" for any other. Recorded (metadata "tokenization"); lookups by text split the same way.
+    tokenize: str | None = None
     # Discard any existing cache or interrupted build at the output and start from scratch.
     overwrite: bool = False
     # Show a progress bar on stderr.

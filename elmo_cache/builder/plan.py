@@ -19,6 +19,7 @@ import numpy as np
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model.hub import BUNDLED
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
@@ -31,11 +32,11 @@ from elmo_cache.store.format import (
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
     TOKENIZATION,
-    TOKENIZATIONS,
 )
 from elmo_cache.store.registry import container_names, get_container
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.formats import check_input_format
+from elmo_cache.text.tokenize import PTB, WHITESPACE
 from elmo_cache.version import __version__
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class Plan:
     codec: RowCodec = FLOAT32
     # How the corpus was split into tokens (elmo_cache.text.formats.INPUT_FORMATS).
     input_format: str = "lines"
+    # Metadata "tokenization": how its lines became tokens (Corpus.tokenization).
+    tokenization: str = TOKENIZATION
     # Pooled sentence vectors stored beside the token vectors (elmo_cache.rows.pooling.POOLS), None for none.
     pool: str | None = None
     # --pool-only: the pooled vectors instead of the token vectors (its layout has no token rows: Layout.token_rows).
@@ -203,6 +206,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         shard_rows,
         codec,
         options.input_format,
+        source.tokenization,
         pool,
         bool(options.pool_only),
     )
@@ -260,6 +264,11 @@ def _check_input(source: Corpus, options: BuildOptions) -> None:
             f"input_format: the options say {options.input_format!r} but the corpus given was opened as "
             f"{source.input_format!r}; open it with Corpus(..., input_format={options.input_format!r})"
         )
+    if options.tokenize is not None and source.tokenize != options.tokenize:
+        raise InvalidParameterError(
+            f"tokenize: the options say {options.tokenize!r} but the corpus given was opened with "
+            f"{source.tokenize!r}; open it with Corpus(..., tokenize={options.tokenize!r})"
+        )
 
 
 def _codec(options: BuildOptions) -> RowCodec:
@@ -277,11 +286,26 @@ def _codec(options: BuildOptions) -> RowCodec:
     return codec
 
 
-def open_corpus(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Corpus:
-    """``corpus`` as a :class:`Corpus` read the way ``options`` say (a Corpus is taken as it is)."""
+def open_corpus(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions, encoder: Any = None) -> Corpus:
+    """``corpus`` as a :class:`Corpus` read the way ``options`` say (a Corpus is taken as it is); ``encoder``:
+    the one the build uses instead of ``options.model``, whose tokenisation is the default."""
     if isinstance(corpus, Corpus):
         return corpus
-    return Corpus(corpus, errors=options.errors, input_format=options.input_format)
+    tokenize = options.tokenize or default_tokenize(options, encoder)
+    return Corpus(corpus, errors=options.errors, input_format=options.input_format, tokenize=tokenize)
+
+
+def default_tokenize(options: BuildOptions, encoder: Any = None) -> str:
+    """The tokenisation of a build that names none: the one the model's training text went through, PTB-style
+    for the bundled model (the one model whose training text this package knows), whitespace for any other
+    (and for pre-tokenised input, which is not split at all)."""
+    if options.input_format != "lines":
+        return WHITESPACE
+    if encoder is not None:
+        name = (getattr(encoder, "identity", None) or {}).get("name")
+        return PTB if name == BUNDLED else WHITESPACE
+    named = options.options_file is not None or options.weight_file is not None
+    return PTB if not named and options.model in (None, BUNDLED) else WHITESPACE
 
 
 def resolve_output(corpus: str | os.PathLike[str] | Corpus, options: BuildOptions) -> Path:
@@ -306,7 +330,7 @@ def identity(plan: Plan, model: Mapping[str, Any], dim: int | None = None, *, de
         "chunk_rows": plan.chunk_rows,
         "shard_rows": plan.shard_rows,
         "model": dict(model),
-        "tokenization": TOKENIZATIONS[plan.input_format],
+        "tokenization": plan.tokenization,
         "sentence_hash": SENTENCE_HASH,
         # Only quantised caches carry the key: float caches' metadata stays as it always was.
         **({} if quantization is None else {"quantization": quantization}),

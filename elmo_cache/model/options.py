@@ -11,7 +11,7 @@ from typing import Any
 
 from elmo_cache.errors import ModelNotFoundError, OptionsError
 
-__all__ = ["ModelOptions", "LIMITS", "bounded_int", "bounded_filters", "finite_clip"]
+__all__ = ["ModelOptions", "LIMITS", "bounded_int", "bounded_filters", "finite_clip", "flag"]
 
 _ACTIVATIONS = ("relu", "tanh")
 
@@ -116,7 +116,9 @@ class ModelOptions:
                 projection_dim=number("lstm.projection_dim", lstm["projection_dim"], 1, "projection_dim"),
                 cell_clip=finite_clip(lstm.get("cell_clip"), source=source, key="lstm.cell_clip"),
                 proj_clip=finite_clip(lstm.get("proj_clip"), source=source, key="lstm.proj_clip"),
-                use_skip_connections=bool(lstm.get("use_skip_connections", False)),
+                use_skip_connections=flag(
+                    lstm.get("use_skip_connections", False), source=source, key="lstm.use_skip_connections"
+                ),
             )
         except KeyError as exc:
             raise OptionsError(f"{source}: missing key {exc.args[0]!r}") from None
@@ -189,6 +191,13 @@ def bounded_int(value: Any, *, source: str, key: str, low: int, high: int, bound
     if value > high:
         what = bound or f"elmo-cache's limit of {high} (far above every published model)"
         raise OptionsError(f"{source}: {key} is {value}, above {what}; refused before anything was allocated")
+    return value
+
+
+def flag(value: Any, *, source: str, key: str) -> bool:
+    """A JSON boolean (``bool("false")`` is True: a string must not switch the skip connections on)."""
+    if not isinstance(value, bool):
+        raise OptionsError(f"{source}: {key} is {value!r}; it must be true or false")
     return value
 
 

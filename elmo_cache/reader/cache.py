@@ -37,7 +37,7 @@ from elmo_cache.store.format import (
     metadata_checksum,
     parse_metadata,
 )
-from elmo_cache.text.tokenize import is_storable, key_hash, sentence_key, split_key, tokenize
+from elmo_cache.text.tokenize import WHITESPACE, is_storable, key_hash, sentence_key, split_key, tokenizer_for
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
 
@@ -120,6 +120,9 @@ class Cache:
         self.stored_dtype: np.dtype = np.dtype(meta["dtype"])
         self.dtype: np.dtype = self.codec.read_dtype
         self.format_version: int = meta["format_version"]
+        self.tokenization: str = str(meta.get("tokenization", WHITESPACE))
+        """How the build split its lines (metadata ``tokenization``); :meth:`find` splits a text query the same way."""
+        self._split = tokenizer_for(self.tokenization)
         # The pool of the stored sentence vectors (build --pool); None for a cache without them.
         self.pool: Pool | None = pool_of(meta, self.path)
 
@@ -261,11 +264,16 @@ class Cache:
                 "(arrays 'offsets'/'lengths' are damaged); run `elmo-cache verify`, then rebuild or re-copy it"
             )
         ok = self._vector_ok
-        if ok is not None and length and not (ok[start // self._vector_block] and ok[(stop - 1) // self._vector_block]):
-            guard = self._vector_guard
-            guard.check_rows(start, stop)  # type: ignore[union-attr]
-            if guard.remaining == 0:  # type: ignore[union-attr]
-                self._vector_ok = None  # every block passed: reads skip the test from now on
+        if ok is not None and length:
+            size = self._vector_block
+            first, last = start // size, (stop - 1) // size
+            # The first and last blocks decide on the hot path; a sentence over more than two blocks has middle
+            # ones, which check_rows tests too (one that no other read passed must not go unchecked).
+            if not (ok[first] and ok[last]) or last - first > 1:
+                guard = self._vector_guard
+                guard.check_rows(start, stop)  # type: ignore[union-attr]
+                if guard.remaining == 0:  # type: ignore[union-attr]
+                    self._vector_ok = None  # every block passed: reads skip the test from now on
         block = (self._read_stored if stored else self._read_rows)(start, stop)
         return block.transpose(1, 0, 2) if self._layered else block
 
@@ -304,6 +312,9 @@ class Cache:
         if isinstance(key, (str, bytes)):
             raise TypeError(f"cache indices are sentence numbers; use cache.get({key!r}) to look a sentence up by text")
         index = np.asarray(key)
+        if index.dtype != bool and isinstance(key, (list, tuple)) and any(isinstance(k, (bool, np.bool_)) for k in key):
+            # numpy reads [True, 2] as [1, 2]: a bool among numbers is no sentence number
+            raise TypeError(f"cache indices must be integers, slices or integer/boolean arrays, got {key!r}")
         if index.dtype == bool:
             if index.ndim == 0:  # True, np.True_: a mask needs one value per sentence, and a bool is no number
                 raise TypeError(f"cache indices must be integers, slices or integer/boolean arrays, got {key!r}")
@@ -321,7 +332,8 @@ class Cache:
             yield self[i]
 
     def find(self, sentence: str | Sequence[str]) -> int | None:
-        """Sentence number of ``sentence`` (text, tokenised like the build, or a token list), or None.
+        """Sentence number of ``sentence`` (a text, split as the build split its lines: ``tokenization``; or a
+        token list, taken as it is), or None.
 
         With ``dedupe`` or repeated lines, this is the first occurrence. The index holds 64-bit
         hashes; a hit is then confirmed against the stored tokens (format 2), so two sentences
@@ -329,7 +341,7 @@ class Cache:
         a hit is only checked against the stored token count.
         """
         self._require()
-        tokens = tokenize(sentence) if isinstance(sentence, str) else list(sentence)
+        tokens = self._split(sentence) if isinstance(sentence, str) else list(sentence)
         if not all(isinstance(t, str) for t in tokens):
             raise InvalidParameterError("sentence: expected a string or a list of string tokens")
         if not is_storable(tokens):

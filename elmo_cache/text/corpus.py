@@ -42,7 +42,7 @@ from typing import BinaryIO
 
 from elmo_cache.errors import CorpusError, InvalidParameterError
 from elmo_cache.text.formats import check_input_format, conllu_sentences, count_conllu, tsv_tokens
-from elmo_cache.text.tokenize import tokenize
+from elmo_cache.text.tokenize import LINE_TOKENIZERS, WHITESPACE, tokenizer_for
 
 __all__ = ["Corpus", "ERRORS", "MAX_LINE_BYTES"]
 
@@ -70,11 +70,22 @@ class Corpus:
         errors: str = "strict",
         max_line_bytes: int = MAX_LINE_BYTES,
         input_format: str = "lines",
+        tokenize: str = WHITESPACE,
     ) -> None:
         if errors not in ERRORS:
             raise InvalidParameterError(f"errors: {errors!r} is not valid; choose from {list(ERRORS)}")
         self.errors = errors
         self.input_format = check_input_format(input_format)
+        if tokenize not in LINE_TOKENIZERS:
+            raise InvalidParameterError(f"tokenize: {tokenize!r} is not valid; choose from {list(LINE_TOKENIZERS)}")
+        if tokenize != WHITESPACE and self.input_format != "lines":
+            raise InvalidParameterError(
+                f"tokenize: {tokenize!r} splits lines of text; --input-format {self.input_format} holds tokens "
+                "already (leave --tokenize out)"
+            )
+        # How a line becomes tokens ("lines" only): whitespace or PTB-style (elmo_cache.text.tokenize).
+        self.tokenize = tokenize
+        self._split = tokenizer_for(tokenize)
         self.max_line_bytes = int(max_line_bytes)
         self.is_stdin = str(path) == "-"
         self.path = None if self.is_stdin else Path(path)
@@ -92,7 +103,19 @@ class Corpus:
         build = meta.get("build")
         args = build.get("args") if isinstance(build, dict) else None
         args = args if isinstance(args, dict) else {}
-        return cls(path, errors=str(args.get("errors", "strict")), input_format=str(args.get("input_format", "lines")))
+        input_format = str(args.get("input_format", "lines"))
+        tokenize = str(meta.get("tokenization")) if input_format == "lines" else WHITESPACE
+        return cls(
+            path,
+            errors=str(args.get("errors", "strict")),
+            input_format=input_format,
+            tokenize=tokenize if tokenize in LINE_TOKENIZERS else WHITESPACE,
+        )
+
+    @property
+    def tokenization(self) -> str:
+        """Metadata ``tokenization``: how the tokens were read (``whitespace``, ``ptb``, ``tsv``, ``conllu``)."""
+        return self.tokenize if self.input_format == "lines" else self.input_format
 
     @property
     def is_regular_file(self) -> bool:
@@ -190,8 +213,9 @@ class Corpus:
             for number, text in self.lines(start):
                 yield number, tsv_tokens(text, self.name, number)
         else:
+            split = self._split
             for number, text in self.lines(start):
-                yield number, tokenize(text)
+                yield number, split(text)
 
     def count_sentences(self) -> int | None:
         """Number of sentences (lines, or CoNLL-U blocks), by a scan that decodes nothing; None for pipes."""

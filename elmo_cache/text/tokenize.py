@@ -21,9 +21,30 @@ first 8 bytes of BLAKE2b over the UTF-8 key, read little-endian as an unsigned
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-__all__ = ["tokenize", "sentence_key", "sentence_hash", "key_hash", "split_key", "is_storable", "has_plain_tokens"]
+from elmo_cache.text.ptb import ptb_tokenize
+
+__all__ = [
+    "tokenize",
+    "tokenizer_for",
+    "LINE_TOKENIZERS",
+    "WHITESPACE",
+    "PTB",
+    "sentence_key",
+    "sentence_hash",
+    "key_hash",
+    "split_key",
+    "is_storable",
+    "has_plain_tokens",
+]
+
+WHITESPACE = "whitespace"
+PTB = "ptb"
+
+LINE_TOKENIZERS = (WHITESPACE, PTB)
+"""How a line of text may become tokens (``build --tokenize``): ``str.split``, or the PTB-style rules of
+:mod:`elmo_cache.text.ptb` that the bundled model's training text went through."""
 
 # Starts a key whose tokens are joined by newlines (a plain key never holds a newline).
 _LISTED = "\n"
@@ -32,6 +53,13 @@ _LISTED = "\n"
 def tokenize(sentence: str) -> list[str]:
     """Split a sentence on runs of whitespace (``str.split()``), dropping a leading BOM."""
     return sentence.lstrip("\ufeff").split()
+
+
+def tokenizer_for(tokenization: str | None) -> Callable[[str], list[str]]:
+    """How a text query becomes tokens for a cache whose metadata records ``tokenization``: the PTB-style
+    rules for ``"ptb"``, whitespace for anything else (a whitespace build, and the pre-tokenised formats,
+    whose text queries have always been split on whitespace)."""
+    return ptb_tokenize if tokenization == PTB else tokenize
 
 
 def _plain_key(tokens: list[str]) -> str | None:

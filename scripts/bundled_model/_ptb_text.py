@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from elmo_cache.text.ptb import ptb_tokenize
+
 # Sentences outside these token counts are dropped.
 MIN_TOKENS, MAX_TOKENS = 1, 200
 
@@ -158,31 +160,8 @@ def split_sentences(text):
     return out
 
 
-_TOK_RULES = [
-    (re.compile(r'"'), ' " '),
-    (re.compile(r"\.\.\.+"), " ... "),
-    (re.compile(r"([;@#$%&?!\[\](){}<>*|~^\u2014\u2013])"), r" \1 "),
-    (re.compile(r"--+"), " -- "),
-    (re.compile(r"(?<!\d),|,(?!\d)"), " , "),
-    (re.compile(r"(?<!\d):|:(?!\d)"), " : "),
-    (re.compile(r"/(?=\s)|(?<=\s)/"), " / "),
-    # final period (plus trailing quotes/brackets already split off)
-    (re.compile(r"([^.])\.(\s*(?:[\])}>\"']\s*)*)$"), r"\1 . \2"),
-    # opening single quote (not a contraction like 'tis, 'em)
-    (re.compile(r"(^|\s)'(?!(?:tis|twas|twere|twill|em|s|re|ve|ll|d|m|t)\b)(?=\S)", re.I), r"\1' "),
-    # closing single quote
-    (re.compile(r"([^'\s])'(?=\s|$)"), r"\1 ' "),
-    (re.compile(r"([^'\s])('[sSmMdD])(?=\s|$)"), r"\1 \2"),
-    (re.compile(r"([^'\s])('ll|'LL|'re|'RE|'ve|'VE|n't|N'T)(?=\s|$)"), r"\1 \2"),
-    (re.compile(r"\b(can)(not)\b", re.I), r"\1 \2"),
-]
-
-
-def tokenize(sent):
-    s = " " + sent + " "
-    for rx, rep in _TOK_RULES:
-        s = rx.sub(rep, s)
-    return s.split()
+# The tokeniser lives in the package (lookups must split as the build did): one definition.
+tokenize = ptb_tokenize
 
 
 # leading list enumerators ("1. ", "(2) ", "iv. ") are dropped

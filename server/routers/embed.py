@@ -161,7 +161,7 @@ class EmbedRequest(BaseModel):
 
 
 _ERRORS = error_responses(401, 404, 413, 422, 429, 500, 503)
-_POST_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 500, 503)
+_POST_ERRORS = error_responses(401, 404, 413, 422, 429, 500, 503)
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 

@@ -201,3 +201,24 @@ def test_progress_moves_while_a_window_is_encoded(tmp_path, tiny_encoder, monkey
     options = BuildOptions(output=tmp_path / "c.zarr", batch_tokens=40, window_batches=1000, dedupe=True)
     build(corpus, options, encoder=tiny_encoder)
     assert len(updates) > 5 and sum(updates) == len(lines)
+
+
+def test_the_bundled_model_splits_lines_as_its_training_text_was(tmp_path, model_args):
+    """No --tokenize: PTB-style for the bundled model (its training text's rules), whitespace for any other;
+    the choice is recorded and --tokenize overrides it."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat's on the mat.\n", encoding="utf-8")
+    cases = [
+        ([], "ptb", ["The", "cat", "'s", "on", "the", "mat", "."]),  # the bundled model
+        (["--tokenize", "whitespace"], "whitespace", ["The", "cat's", "on", "the", "mat."]),
+        (model_args, "whitespace", ["The", "cat's", "on", "the", "mat."]),
+        ([*model_args, "--tokenize", "ptb"], "ptb", ["The", "cat", "'s", "on", "the", "mat", "."]),
+    ]
+    for k, (args, tokenization, tokens) in enumerate(cases):
+        output = tmp_path / f"c{k}.zarr"
+        result = run("build", corpus, "-o", output, "--device", "cpu", "--no-progress", *args)
+        assert result.exit_code == 0, result.output
+        with elmo_cache.open(output) as cache:
+            assert cache.tokenization == tokenization and cache.tokens(0) == tokens
+    refused = run("build", tmp_path / "c.txt", "--input-format", "tsv", "--tokenize", "ptb", "-o", tmp_path / "t.zarr")
+    assert refused.exit_code == 1 and "tokenize: 'ptb' splits lines of text" in refused.output

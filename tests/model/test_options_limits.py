@@ -121,3 +121,16 @@ def test_elmoformanylangs_configs_are_bounded_too():
         raw[part][key] = value
         with pytest.raises(OptionsError, match=rf"cfg\.json: {match}"):
             efml.parse_config(raw, "cfg.json")
+
+
+def test_skip_connections_are_a_json_boolean(tmp_path):
+    """bool("false") is True: a string used to switch the skip connections on."""
+    for value in ("false", "true", 0, 1, None):
+        raw = PRESETS["original"].to_dict()
+        raw["lstm"]["use_skip_connections"] = value
+        with pytest.raises(OptionsError, match=rf"lstm\.use_skip_connections is {value!r}; it must be true or false"):
+            ModelOptions.from_file(_write(tmp_path, raw))
+    for value in (True, False):
+        raw = PRESETS["original"].to_dict()
+        raw["lstm"]["use_skip_connections"] = value
+        assert ModelOptions.from_file(_write(tmp_path, raw)).use_skip_connections is value

@@ -232,3 +232,37 @@ def test_index_types_are_checked(make_cache):
             np.testing.assert_array_equal(chosen[1], direct(cache.path, 4))
         with pytest.raises(TypeError, match="integer/boolean arrays"):
             cache[np.array([1.0, 2.0])]
+        for mixed in ([True, 2], (0, np.True_), [4, False]):  # numpy would read the bool as 1 or 0
+            with pytest.raises(TypeError, match="integer/boolean arrays"):
+                cache[mixed]
+
+
+def test_text_lookups_split_as_the_build_did(tmp_path, corpus, encoder):
+    """A PTB-tokenised cache finds a sentence whatever spacing its text has; a whitespace one as before."""
+    from elmo_cache.builder import BuildOptions, build
+
+    text = tmp_path / "ptb.txt"
+    text.write_text('The cat\'s on the mat.\nHe said, "no."\n', encoding="utf-8")
+    ptb = build(text, BuildOptions(output=tmp_path / "p.zarr", tokenize="ptb", progress=False), encoder=encoder).path
+    plain = build(text, BuildOptions(output=tmp_path / "w.zarr", progress=False), encoder=encoder).path
+    with elmo_cache.open(ptb) as cache, elmo_cache.open(plain) as other:
+        assert cache.tokenization == "ptb" and other.tokenization == "whitespace"
+        assert cache.metadata["format_version"] == 3 and other.metadata["format_version"] == 2
+        assert cache.tokens(0) == ["The", "cat", "'s", "on", "the", "mat", "."]
+        assert other.tokens(0) == ["The", "cat's", "on", "the", "mat."]
+        for query in ("The cat's on the mat.", "The cat 's on the mat .", "  The cat's   on the mat. "):
+            assert cache.find(query) == 0
+            np.testing.assert_array_equal(cache.get(query), cache[0])
+            assert query in cache
+        assert cache.find('He said , " no . "') == 1
+        assert other.find("The cat 's on the mat .") is None and other.find("The cat's on the mat.") == 0
+        np.testing.assert_array_equal(
+            cache.sentence_vector("The cat's on the mat.", pool="mean"), cache.sentence_vector(0, pool="mean")
+        )
+        assert cache.find(["The", "cat's", "on", "the", "mat."]) is None  # a token list is taken as it is
+    from elmo_cache.verify.checks import verify
+
+    # verify --corpus reads the corpus the way the cache records it was split
+    assert verify(ptb, corpus=text).ok and verify(plain, corpus=text).ok
+    text.write_text('The cat\'s on the mat!\nHe said, "no."\n', encoding="utf-8")
+    assert not verify(ptb, corpus=text).ok

@@ -280,3 +280,25 @@ def test_json_vectors_have_one_text():
         b'{"source":"live","tokens":["a","b"],"shape":[1,2,2],"dtype":"float16",'
         b'"vectors":[[[0.099975586,0.33325195],[0.0,-0.0]]],"layers":[2],"mix":null}'
     )
+
+
+def test_text_requests_are_split_as_the_cache_was_built(tmp_path, encoder):
+    """A PTB-tokenised cache answers a raw sentence from the cache whatever its spacing, and a miss is encoded
+    live with the same split (the tokens it answers are the cache's kind of tokens)."""
+    from elmo_cache.builder import BuildOptions, build
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat's on the mat.\n", encoding="utf-8")
+    build(corpus, BuildOptions(output=tmp_path / "c.zarr", tokenize="ptb", progress=False), encoder=encoder)
+    cache = elmo_cache.open(tmp_path / "c.zarr")
+    app = create_app(settings(), encoder=encoder, cache=cache)
+
+    async def scenario(client):
+        for text in ("The cat's on the mat.", "The cat 's on the mat ."):
+            hit = await client.get("/embed", params={"sentence": text})
+            assert hit.status_code == 200 and hit.json()["source"] == "cache", hit.text
+            np.testing.assert_allclose(decode(hit), cache[0], rtol=0, atol=0)
+        miss = await client.get("/embed", params={"sentence": "A dog's bark."})
+        assert miss.json()["source"] == "live" and miss.json()["tokens"] == ["A", "dog", "'s", "bark", "."]
+
+    run(app, scenario)

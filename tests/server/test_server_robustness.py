@@ -371,3 +371,28 @@ def test_a_surrogate_in_any_other_json_string_is_a_readable_422(encoder):
     for response in run(app, scenario):
         error = error_of(response, 422)
         assert error["code"] == "validation_error", error
+
+
+@pytest.mark.parametrize("fmt", ["json", "npy", "base64"])
+def test_a_body_whose_bytes_are_not_utf8_is_a_422(encoder, cache, fmt):
+    """Raw bytes that are not UTF-8 inside the JSON text (not an escape): FastAPI cannot decode the body and
+    answered 400 bad_request; text that is not UTF-8 is a 422 in every format."""
+    app = create_app(Settings(max_wait_ms=0), encoder=encoder, cache=cache)
+    bodies = [
+        b'{"sentences": ["\xff cat"], "format": "' + fmt.encode() + b'"}',
+        b'{"sentences": ["ab\xed\xa0\x80cat"], "format": "' + fmt.encode() + b'"}',  # a surrogate's UTF-8 bytes
+    ]
+
+    async def scenario(client):
+        answers = [
+            await client.post("/embed", content=body, headers={"content-type": "application/json"}) for body in bodies
+        ]
+        fine = await client.post("/embed", json={"sentences": [LINES[0]], "format": fmt})
+        return answers, fine
+
+    (raw, surrogate), fine = run(app, scenario)
+    error = error_of(raw, 422)
+    assert error["code"] == "validation_error" and "not JSON text in UTF-8" in error["message"], error
+    error = error_of(surrogate, 422)  # decoded as a lone surrogate, then refused like its JSON escape
+    assert error["code"] == "invalid_parameter" and "not valid UTF-8 text: a lone surrogate" in error["message"]
+    assert fine.status_code == 200

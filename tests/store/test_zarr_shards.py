@@ -176,4 +176,4 @@ def test_more_files_than_the_open_files_limit(tmp_path, monkeypatch):
             # Each of the seven arrays holds at most 4 descriptors.
             assert len(os.listdir("/proc/self/fd")) - before <= 4 * 7
     gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert len(os.listdir("/proc/self/fd")) <= before  # none of the reader's descriptors is left

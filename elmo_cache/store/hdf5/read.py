@@ -81,7 +81,13 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, Any]
     """Raw metadata attribute and the arrays ``names`` (None where missing), read by position."""
     layouts: dict[str, tuple[np.dtype, tuple[int, ...], int | None] | None] = {}
     try:
-        with h5py.File(path, "r") as f:
+        handle = OpenFile(str(path), os.open(path, os.O_RDONLY))  # one descriptor for every dataset
+    except OSError as exc:
+        raise CacheFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
+    try:
+        # h5py reads the offsets through the same descriptor: a file replaced meanwhile cannot pair its
+        # offsets with another file's bytes.
+        with open(os.dup(handle.fd), "rb") as fileobj, h5py.File(fileobj, "r") as f:
             raw = f.attrs.get(META_KEY)
             for name in names:
                 node = f.get(name)
@@ -103,10 +109,6 @@ def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, Any]
         raise CacheFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", "replace")
-    try:
-        handle = OpenFile(str(path), os.open(path, os.O_RDONLY))  # one descriptor for every dataset
-    except OSError as exc:
-        raise CacheFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
     size = handle.identity[2]
     arrays: dict[str, Any] = {}
     for name, layout in layouts.items():
