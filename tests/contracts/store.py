@@ -480,6 +480,17 @@ class StoreContract:
         report = verify(output)
         assert not report.ok and name in report.problems[0] and "missing" in report.problems[0], str(report)
 
+    @pytest.mark.parametrize("name", ["lengths", "index/rows"])
+    def test_a_missing_array_of_a_cache_without_checksums_is_found_by_verify(self, output, name):
+        """Without checksums (format 1) nothing reports a deleted array before the structure check does."""
+        self.write(output, _sentences(6, seed=12))
+        self.write_format_1(output)
+        assert verify(output).ok
+        self.delete_array(output, name)
+        report = verify(output)
+        assert not report.ok, str(report)
+        assert report.problems[0] == f"missing arrays: [{name!r}]", str(report)
+
     def test_edited_metadata_is_found(self, output):
         self.write(output, _sentences(6, seed=13))
         # Disagreeing with the arrays: open refuses.
