@@ -218,6 +218,10 @@ def test_every_limit_admits_its_own_value_and_is_shown(encoder):
         encoder=encoder,
     )
 
+    async def pieces(body: bytes):
+        for start in range(0, len(body), 50):
+            yield body[start : start + 50]
+
     async def scenario(client):
         at_limit = "a b c d e"
         response = await client.get("/embed", params={"sentence": at_limit})
@@ -239,6 +243,11 @@ def test_every_limit_admits_its_own_value_and_is_shown(encoder):
         assert (await client.post("/embed", content=exact, headers=headers)).status_code == 200
         over = await client.post("/embed", content=exact[:-1] + b" }", headers=headers)
         assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large"
+        # The same streamed without a Content-Length (chunked): counted while it arrives, same boundary.
+        streamed = await client.post("/embed", content=pieces(exact), headers=headers)
+        assert streamed.status_code == 200, streamed.text
+        streamed = await client.post("/embed", content=pieces(exact[:-1] + b" }"), headers=headers)
+        assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "body_too_large"
         # Format choices are the same for POST.
         bad = await client.post("/embed", json={"sentences": ["a"], "format": "xml"})
         assert bad.status_code == 422 and "'json', 'npy' or 'base64'" in bad.json()["error"]["message"]
