@@ -8,10 +8,20 @@ Public API (imported lazily, so ``import elmo_cache`` stays cheap)::
 from __future__ import annotations
 
 import importlib
+import os as _os
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 from elmo_cache._primitives import bound_primitive_caches
 from elmo_cache.version import __version__
+
+# The build lock (fcntl.flock) and the zarr reader's open-file budget (resource.getrlimit) are POSIX's, and
+# setup.cfg declares POSIX: elsewhere one clear error at import, not a ModuleNotFoundError from deep in a read.
+if _os.name != "posix":
+    raise ImportError(
+        f"elmo-cache runs on POSIX systems (Linux, macOS), not on {_sys.platform!r}: its build lock needs fcntl "
+        "and its zarr reader resource; on Windows use WSL or the Docker image"
+    )
 
 # Before anything imports torch, which reads these once: see elmo_cache._primitives.
 bound_primitive_caches()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import open_with_library
@@ -50,10 +50,37 @@ def write_corpus(path: Path, lines: list[str], *, newline: str = "\n", encoding:
     return path
 
 
-def expected_rows(reference: np.ndarray, *, layers=None, mix: MixSpec | None = None) -> np.ndarray:
+@dataclass(frozen=True)
+class RawMix:
+    """A fixed mix as a user gives it: the raw numbers, gamma, and whether the numbers are softmax parameters.
+
+    The tests build with :meth:`spec` and compute the expected rows with :meth:`rows` (numpy, float64,
+    from the raw numbers): a bug in :class:`MixSpec` (normalisation, gamma) cannot hide in both."""
+
+    weights: tuple[float, ...]
+    gamma: float = 1.0
+    softmax: bool = False
+
+    def spec(self) -> MixSpec:
+        return MixSpec.from_raw(list(self.weights), gamma=self.gamma, softmax=self.softmax)
+
+    def effective_weights(self) -> np.ndarray:
+        raw = np.asarray(self.weights, dtype=np.float64)
+        if not self.softmax:
+            return raw
+        exps = np.exp(raw - raw.max())
+        return exps / exps.sum()
+
+    def rows(self, layers: np.ndarray) -> np.ndarray:
+        """gamma * sum_j s_j * layer_j of ``layers`` (layers first: ``(3, n, D)``), as float32 ``(n, D)``."""
+        mixed = np.tensordot(self.effective_weights(), np.asarray(layers, dtype=np.float64), axes=(0, 0))
+        return (self.gamma * mixed).astype(np.float32)
+
+
+def expected_rows(reference: np.ndarray, *, layers=None, mix: RawMix | None = None) -> np.ndarray:
     """What a cache stores for one sentence, in float32: ``(n, L, D)`` or ``(n, D)``."""
     if mix is not None:
-        return mix.apply(torch.from_numpy(reference), layer_dim=0).numpy()
+        return mix.rows(reference)
     return reference[list(layers if layers is not None else (0, 1, 2))].transpose(1, 0, 2)
 
 

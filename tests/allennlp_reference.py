@@ -9,8 +9,9 @@ Only the imports that take no part in the computation are replaced by small stan
 decorators, ``cached_path`` on local files, the dataset classes that ``batch_to_ids`` and ``Elmo``
 import, and ``block_orthogonal``: an initialiser whose values the weight file overwrites).
 
-The wheel is not on CI: set ``ALLENNLP_2_10_1_WHEEL`` to its path (``pip download allennlp==2.10.1
---no-deps`` fetches it); without it :func:`load_reference` returns None and the tests skip. Nothing
+``.ci/run`` downloads the wheel (``pip download allennlp==2.10.1 --no-deps``) and sets
+``ALLENNLP_2_10_1_WHEEL`` to its path; elsewhere set it the same way. Without it :func:`load_reference`
+returns None and the tests skip (with it naming a missing file, they fail). Nothing
 here is imported by the package; the loaded modules are removed from ``sys.modules`` afterwards so
 a real allennlp, if one is ever installed, is left alone.
 """

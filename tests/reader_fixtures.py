@@ -13,6 +13,7 @@ from elmo_cache.builder import BuildOptions, build
 from elmo_cache.model.random_model import write_random_model
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.text.tokenize import tokenize
+from tests._build_fixtures import RawMix
 
 LINES = [
     "the cat sat on the mat .",
@@ -84,8 +85,7 @@ def direct(path: Path, i: int) -> np.ndarray:
 
 
 def expected(act: np.ndarray, *, layers=(0, 1, 2), mix=None) -> np.ndarray:
-    import torch
-
+    """The vectors a cache of ``act`` answers; a mix computed with numpy from its raw numbers, not by MixSpec."""
     if mix is not None:
-        return MixSpec.from_raw(mix[0], gamma=mix[1]).apply(torch.from_numpy(act)).numpy()
+        return RawMix(tuple(mix[0]), gamma=mix[1]).rows(act)
     return act[list(layers)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,21 @@ def test_a_name_the_package_does_not_export_is_an_attribute_error():
 def test_every_stage_package_imports_on_its_own():
     for stage in ("text", "model", "encoder", "rows", "store", "builder", "reader", "verify", "compat", "train"):
         importlib.import_module(f"elmo_cache.{stage}")
+
+
+def test_a_system_that_is_not_posix_gets_one_clear_error_at_import():
+    """setup.cfg declares POSIX (fcntl, resource): elsewhere ``import elmo_cache`` says so, naming the platform."""
+    code = "import os, sys; os.name = 'nt'; sys.platform = 'win32'; import elmo_cache"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: elmo-cache runs on POSIX systems (Linux, macOS), not on 'win32'"), last
+    assert "WSL" in last
+
+
+def test_posix_is_declared():
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).parents[1] / "setup.cfg")
+    assert "Operating System :: POSIX" in config["metadata"]["classifiers"]

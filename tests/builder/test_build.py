@@ -22,16 +22,21 @@ from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import metadata_checksum
 from elmo_cache.text.tokenize import tokenize
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import corpus_lines, expected_rows, raw_arrays, write_corpus
+from tests._build_fixtures import RawMix, corpus_lines, expected_rows, raw_arrays, write_corpus
 
 LINES = corpus_lines(30)
 SELECTIONS = {
     "all": {},
     "top": {"layers": "2"},
     "0,2": {"layers": (0, 2)},
-    "mix": {"mix": MixSpec.from_raw("0.2,0.3,0.5", gamma=1.5)},
-    "softmax": {"mix": MixSpec.from_raw("1,-0.5,2", gamma=0.7, softmax=True)},
+    "mix": {"mix": RawMix((0.2, 0.3, 0.5), gamma=1.5)},
+    "softmax": {"mix": RawMix((1, -0.5, 2), gamma=0.7, softmax=True)},
 }
+
+
+def build_kwargs(selection: str) -> dict:
+    """SELECTIONS[selection] as BuildOptions takes it (a mix as the MixSpec the user's numbers make)."""
+    return {key: value.spec() if isinstance(value, RawMix) else value for key, value in SELECTIONS[selection].items()}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +110,7 @@ def test_stored_vectors_equal_the_encoder(tmp_path, corpus, reference, tiny_enco
             window_batches=2,
             chunk_rows=7 if fmt == "zarr" else None,
             progress=False,
-            **kwargs,
+            **build_kwargs(selection),
         ),
         encoder=tiny_encoder,
     )
@@ -121,7 +126,10 @@ def test_stored_vectors_equal_the_encoder(tmp_path, corpus, reference, tiny_enco
         assert summary.n_rows == meta["n_rows"] == meta["n_tokens"]
     assert not staging_path(output).exists()
     if kwargs.get("mix"):
-        assert meta["mix"] == kwargs["mix"].to_metadata()
+        mix = kwargs["mix"]
+        assert meta["mix"]["gamma"] == mix.gamma and meta["mix"]["softmax"] is mix.softmax
+        assert meta["mix"]["raw"] == (list(mix.weights) if mix.softmax else None)
+        np.testing.assert_allclose(meta["mix"]["weights"], mix.effective_weights(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
@@ -130,7 +138,9 @@ def test_fp16_is_the_rounded_float32_value(tmp_path, corpus, reference, tiny_enc
     kwargs = SELECTIONS[selection]
     output = tmp_path / ("c.zarr" if fmt == "zarr" else "c.h5")
     build(
-        corpus, BuildOptions(output=output, fp16=True, batch_tokens=128, progress=False, **kwargs), encoder=tiny_encoder
+        corpus,
+        BuildOptions(output=output, fp16=True, batch_tokens=128, progress=False, **build_kwargs(selection)),
+        encoder=tiny_encoder,
     )
     check_cache(output, LINES, reference, mix=kwargs.get("mix"), fp16=True)
 
@@ -425,7 +435,7 @@ def test_export_writes_the_allennlp_layout(tmp_path, corpus, tiny_encoder, refer
 def test_export_of_a_mixed_cache_has_one_vector_per_token(tmp_path, corpus, tiny_encoder, reference):
     cache = tmp_path / "m.h5"
     mix = SELECTIONS["mix"]["mix"]
-    build(corpus, BuildOptions(output=cache, mix=mix, progress=False), encoder=tiny_encoder)
+    build(corpus, BuildOptions(output=cache, mix=mix.spec(), progress=False), encoder=tiny_encoder)
     out = tmp_path / "allennlp.hdf5"
     export(cache, out, corpus=corpus)
     with h5py.File(out, "r") as f:

@@ -70,6 +70,44 @@ def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encod
     assert verify(output).ok
 
 
+@pytest.mark.parametrize(
+    ("fmt", "extra"),
+    [
+        ("zarr", {"chunk_rows": 16, "shard_rows": 48, "pool": "max"}),
+        ("hdf5", {"dedupe": True, "fp16": True, "layers": "0,2", "pool": "mean"}),
+    ],
+)
+def test_resume_over_garbage_past_the_commit_point_equals_an_uninterrupted_build(tmp_path, tiny_encoder, fmt, extra):
+    """What a kill -9 leaves past the last commit (bytes appended to every staged file, a vectors file of rows
+    never published) is cut off: the resumed cache holds the uninterrupted build's bytes, array by array."""
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))
+    suffix = ".zarr" if fmt == "zarr" else ".h5"
+    options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False, **extra)
+    reference = tmp_path / ("reference" + suffix)
+    build(corpus, BuildOptions(output=reference, **options), encoder=tiny_encoder)
+
+    output = tmp_path / ("resumed" + suffix)
+    with failing_on(tiny_encoder, 5), pytest.raises(RuntimeError, match="simulated crash"):
+        build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    committed = load_progress(output).lines
+    assert 0 < committed < 120
+    staging = staging_path(output)
+    rng = random.Random(7)
+    staged = sorted(staging.glob(".build/*.bin"))
+    assert len(staged) >= 6
+    for path in staged:  # an odd number of bytes: no whole item of any column
+        with open(path, "ab") as f:
+            f.write(bytes(rng.randrange(256) for _ in range(1001)))
+    if fmt == "zarr":
+        beyond = staging / "vectors" / "c" / "9" / "0" / "0"
+        beyond.parent.mkdir(parents=True)
+        beyond.write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
+    summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert summary.resumed_from == committed and summary.n_sentences == 120
+    assert_same_cache(output, reference)
+    assert verify(output).ok
+
+
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_a_failed_finish_is_retried(tmp_path, tiny_encoder, monkeypatch, fmt):
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(40, seed=2))

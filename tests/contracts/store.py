@@ -480,6 +480,35 @@ class StoreContract:
         report = verify(output)
         assert not report.ok and name in report.problems[0] and "missing" in report.problems[0], str(report)
 
+    @pytest.mark.parametrize("name", ["lengths", "index/rows"])
+    def test_a_missing_array_of_a_cache_without_checksums_is_found_by_verify(self, output, name):
+        """Without checksums (format 1) nothing reports a deleted array before the structure check does."""
+        self.write(output, _sentences(6, seed=12))
+        self.write_format_1(output)
+        assert verify(output).ok
+        self.delete_array(output, name)
+        report = verify(output)
+        assert not report.ok, str(report)
+        assert report.problems[0] == f"missing arrays: [{name!r}]", str(report)
+
+    def test_offsets_out_of_input_order_are_found_by_verify_without_checksums(self, output):
+        """Two sentences of one length whose offsets were swapped (a writer's bug): in range, right lengths,
+        nothing but the order of the rows is wrong, and no checksum reports it first."""
+        sentences = _sentences(12, seed=15)
+        self.write(output, sentences)
+        self.write_format_1(output)
+        lengths = [len(s) for s in sentences]
+        i, j = next((i, j) for i, j in itertools.combinations(range(12), 2) if lengths[i] == lengths[j] > 0)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        offsets[[i, j]] = offsets[[j, i]]
+        self.replace_array(output, "offsets", offsets)
+        report = verify(output)
+        assert not report.ok, str(report)
+        assert report.problems[0] == (
+            f"offsets/lengths are not consecutive in input order: sentence {i} starts at row {offsets[i]}, "
+            f"expected {offsets[j]}"
+        ), str(report)
+
     def test_edited_metadata_is_found(self, output):
         self.write(output, _sentences(6, seed=13))
         # Disagreeing with the arrays: open refuses.

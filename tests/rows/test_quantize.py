@@ -40,11 +40,13 @@ def test_codes_and_scales_of_awkward_vectors():
             [0.0] * 6,  # all zeros: scale 0, codes 0, reads back as zeros
             [1e-30, -3e-30, 0.0, 2e-30, 0.0, 1e-30],  # tiny (denormal-adjacent) values keep their scale
             [1e4, 1.0, -1.0, 0.0, 0.0, 5e3],  # an outlier: small values fall to 0 within half a step
+            [127.0, 0.9, -0.9, 2.6, -2.6, 1.4],  # scale 1: each code is the nearest integer, not the truncated one
         ]
     )
     stored = q.quantize(x)  # stored dtype and shape: the codec contract (tests/test_codecs.py)
     codes, scales = q.split(stored)
     np.testing.assert_array_equal(codes[0], [1, -2, 0, 0, 127, -127])  # 0.5 rounds half to even
+    np.testing.assert_array_equal(codes[4], [127, 1, -1, 3, -3, 1])
     np.testing.assert_allclose(scales, x.abs().amax(-1).numpy() / 127, rtol=1e-7)
     assert scales[1] == 0 and not codes[1].any()
     assert np.abs(codes).max() == 127 and codes.min() >= -127

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 import pytest
 
 import elmo_cache
@@ -217,6 +218,10 @@ def test_every_limit_admits_its_own_value_and_is_shown(encoder):
         encoder=encoder,
     )
 
+    async def pieces(body: bytes):
+        for start in range(0, len(body), 50):
+            yield body[start : start + 50]
+
     async def scenario(client):
         at_limit = "a b c d e"
         response = await client.get("/embed", params={"sentence": at_limit})
@@ -238,6 +243,11 @@ def test_every_limit_admits_its_own_value_and_is_shown(encoder):
         assert (await client.post("/embed", content=exact, headers=headers)).status_code == 200
         over = await client.post("/embed", content=exact[:-1] + b" }", headers=headers)
         assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large"
+        # The same streamed without a Content-Length (chunked): counted while it arrives, same boundary.
+        streamed = await client.post("/embed", content=pieces(exact), headers=headers)
+        assert streamed.status_code == 200, streamed.text
+        streamed = await client.post("/embed", content=pieces(exact[:-1] + b" }"), headers=headers)
+        assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "body_too_large"
         # Format choices are the same for POST.
         bad = await client.post("/embed", json={"sentences": ["a"], "format": "xml"})
         assert bad.status_code == 422 and "'json', 'npy' or 'base64'" in bad.json()["error"]["message"]
@@ -301,3 +311,40 @@ def test_timing_headers_and_request_metrics(encoder):
     assert 'elmo_cache_requests_total{method="GET",route="/embed",status="200"} 1.0' in text
     assert 'route="unmatched",status="404"' in text
     assert metric(text, "elmo_cache_request_seconds_count") >= 2
+
+
+@pytest.mark.parametrize(
+    ("method", "fmt"), [("GET", "json"), ("POST", "json"), ("POST", "npy"), ("POST", "base64"), ("POST", "mix")]
+)
+def test_max_response_bytes_admits_its_own_estimate_and_refuses_one_byte_less(encoder, method, fmt):
+    """The response-size limit at its boundary: a limit equal to the request's estimate (server.sizes, whose
+    bound on real bodies test_server_robustness checks) is answered, one byte less is refused (413)."""
+    from elmo_cache.rows.selection import MixSpec, Selection
+    from elmo_cache.server.formats import Format
+    from elmo_cache.server.sizes import response_bytes
+    from elmo_cache.text.tokenize import tokenize
+
+    lines = ["a b c d e", "f g"] if method == "POST" else ["a b c d e"]
+    extra = {"mix": "1,2,3"} if fmt == "mix" else {"format": fmt}
+    selection = Selection(layers=None, mix=MixSpec.from_raw("1,2,3")) if fmt == "mix" else Selection()
+    answer_format = Format.json if fmt == "mix" else Format(fmt)
+    estimate = response_bytes(
+        [tokenize(line) for line in lines], selection, encoder.output_dim, np.dtype(np.float32), answer_format
+    )
+
+    async def ask(client):
+        if method == "GET":
+            return await client.get("/embed", params={"sentence": lines[0], **extra})
+        return await client.post("/embed", json={"sentences": lines, **extra})
+
+    answered = run(create_app(settings(max_response_bytes=estimate), encoder=encoder), ask)
+    assert answered.status_code == 200, answered.text
+    assert len(answered.content) <= estimate
+    refused = run(create_app(settings(max_response_bytes=estimate - 1), encoder=encoder), ask)
+    assert refused.status_code == 413, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "limit_exceeded"
+    assert (
+        f"up to {estimate} bytes" in error["message"]
+        and f"{estimate - 1} bytes (max_response_bytes)" in error["message"]
+    )
