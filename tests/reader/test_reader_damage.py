@@ -218,11 +218,6 @@ def test_a_straddling_sentence_is_checked_beyond_its_first_block(make_cache):
     assert not report.ok and "CRC-32" in report.problems[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reader bug (issue 34): Cache._sentence skips the block check when a sentence's first and last blocks "
-    "passed, so an unchecked block in between is returned unchecked; the fix belongs to elmo_cache/reader (issue 33)",
-)
 def test_a_sentence_spanning_three_blocks_is_checked_in_its_middle_block(make_cache):
     """Blocks 4 and 7 pass through the sentences before and after; block 5, only ever read by LINES[6], is damaged."""
     path = make_cache(fmt="zarr")
