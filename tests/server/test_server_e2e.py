@@ -49,6 +49,21 @@ def _wait_healthy(proc: subprocess.Popen, url: str, deadline_s: float = 90.0) ->
     pytest.fail(f"server not healthy after {deadline_s} s")
 
 
+def _interrupt(proc: subprocess.Popen) -> str:
+    """Ctrl-C the server and wait for it (a failure if it is still there 20 s later); its stderr."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        pytest.fail("server did not shut down within 20 s of SIGINT")
+    finally:
+        log = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+    return log
+
+
 def test_serve_over_http(tmp_path, tiny_model):
     from elmo_cache.builder import BuildOptions, build
 
@@ -101,14 +116,7 @@ def test_serve_over_http(tmp_path, tiny_model):
             assert 'route="/embed",status="200"' in client.get("/metrics").text
             assert client.get("/info").json()["limits"]["max_wait_ms"] == 20
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-            pytest.fail("server did not shut down within 20 s of SIGINT")
-        proc.stderr.close()
+        _interrupt(proc)
     assert proc.returncode == 0
 
 
@@ -366,13 +374,6 @@ def test_a_cache_file_truncated_under_the_server_is_a_500_and_it_keeps_serving(t
             assert live.status_code in (200, 500), live.text  # a miss may need an index page that is gone
             assert proc.poll() is None
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
+        log = _interrupt(proc)
     assert proc.returncode == 0, log[-3000:]
     assert "truncated" in log and str(victim) in log  # the server's log names the file and what happened
