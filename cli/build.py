@@ -190,9 +190,9 @@ def build_command(
     from elmo_cache.builder import BuildOptions, build, resolve_output
     from elmo_cache.rows.selection import Selection
     from elmo_cache.text.corpus import Corpus
-    from elmo_cache.threads import apply_threads
+    from elmo_cache.threads import apply_threads, choose_threads
 
-    apply_threads(threads)
+    choose_threads(threads)  # checked with the other options, before torch is imported
     selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS) or Selection()
     options = BuildOptions(
         output=output,
@@ -223,7 +223,9 @@ def build_command(
         commit_seconds=commit_seconds,
     )
     source = Corpus(corpus, errors=errors, input_format=input_format)
-    click.echo(f"building {resolve_output(source, options)}", err=True)  # said before the model loads
+    # Every option is checked here (resolve_output makes the plan) before torch and the model load.
+    click.echo(f"building {resolve_output(source, options)}", err=True)
+    apply_threads(threads)
     try:
         summary = build(source, options, engine=engine, address=address, workers=workers)
     except KeyboardInterrupt:

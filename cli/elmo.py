@@ -60,12 +60,15 @@ def elmo_command(
     """Embed INPUT_FILE (one whitespace-tokenised sentence per line, no empty lines) into OUTPUT_FILE,
     an HDF5 file in the layout of allennlp's ``elmo`` command: a dataset per line, named by its line
     number from 0, and sentence_to_index."""
-    from elmo_cache.compat import ElmoEmbedder
+    from elmo_cache.compat.hdf5_file import check_paths
     from elmo_cache.threads import apply_threads
 
     chosen = [name for name, flag in (("all", all_layers), ("top", top), ("average", average)) if flag]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --all, --top, --average")
+    check_paths(input_file, output_file)  # before torch and the model load
+    from elmo_cache.compat import ElmoEmbedder
+
     apply_threads()
     embedder = ElmoEmbedder(options_file, weight_file, cuda_device, stateful=stateful, model=model)
     summary = embedder.embed_file(input_file, output_file, chosen[0], batch_size, forget_sentences, use_sentence_keys)

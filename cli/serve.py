@@ -22,19 +22,32 @@ __all__ = ["serve_command", "run_server"]
 _SERVER_EXTRA = {"fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client", "orjson"}
 
 
-def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
+def _missing_extra(exc: ImportError) -> ElmoCacheError:
+    if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
+        raise exc  # a broken install of ours, not a missing extra
+    return ElmoCacheError(
+        f'`elmo-cache serve` needs the server extra ({exc.name} is not installed): pip install "elmo-cache[server]"'
+    )
+
+
+def _load_settings() -> Any:
+    """The settings' loader alone (pydantic, no torch): flags are checked before the app is imported."""
+    try:
+        from elmo_cache.server.settings import load_settings
+    except ImportError as exc:
+        raise _missing_extra(exc) from None
+    return load_settings
+
+
+def _server_modules() -> tuple[Any, tuple[Any, Any]]:
     """uvicorn and the server's entry points, imported only here so that nothing else needs them."""
     try:
         import uvicorn
 
-        from elmo_cache.server import create_app, load_resources, load_settings
+        from elmo_cache.server.app import create_app, load_resources
     except ImportError as exc:
-        if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
-            raise  # a broken install of ours, not a missing extra
-        raise ElmoCacheError(
-            f'`elmo-cache serve` needs the server extra ({exc.name} is not installed): pip install "elmo-cache[server]"'
-        ) from None
-    return uvicorn, (create_app, load_resources, load_settings)
+        raise _missing_extra(exc) from None
+    return uvicorn, (create_app, load_resources)
 
 
 @click.command("serve")
@@ -105,8 +118,9 @@ def serve_command(cache: Path | None, **flags: Any) -> None:
     loaded before the server starts listening, so a mistake is reported at once.
     Docs of the HTTP API: http://HOST:PORT/docs once it runs.
     """
-    _, (_, load_resources, load_settings) = _server_modules()  # a clear error without the server extra
-    settings = load_settings(cache_path=cache, **flags)
+    settings = _load_settings()(cache_path=cache, **flags)  # a clear error without the server extra
+    settings.check_something_to_serve()
+    _, (_, load_resources) = _server_modules()
     encoder, store = load_resources(settings)
     what = " and ".join(
         part
@@ -129,7 +143,7 @@ def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cac
     read stuck in a pool thread (a dead disk) does not hold the process: the pool's threads are
     daemons, and the cache is then left open rather than unmapped under it.
     """
-    uvicorn, (create_app, _, _) = _server_modules()
+    uvicorn, (create_app, _) = _server_modules()
     from elmo_cache.server.shutdown import DrainingServer
 
     app = create_app(settings, encoder=encoder, cache=cache)

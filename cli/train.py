@@ -140,7 +140,9 @@ def train_command(
     no_progress: bool,
 ) -> None:
     """Pretrain an ELMo biLM on CORPUS (one sentence per line, whitespace tokens) the way bilm-tf does."""
-    from elmo_cache.train import TrainOptions, train
+    from elmo_cache.encoder.names import check_device_name
+    from elmo_cache.threads import choose_threads
+    from elmo_cache.train.config import TrainOptions
 
     options = TrainOptions(
         preset=preset,
@@ -167,6 +169,12 @@ def train_command(
         overwrite=overwrite,
         progress=not no_progress,
     )
+    # Checked before torch is imported (train imports it): a typo costs no import, no model.
+    options.validate()
+    check_device_name(device)
+    choose_threads(threads)
+    from elmo_cache.train.api import train
+
     result = train(corpus, output, options)
     from elmo_cache.train.distributed import launched_by_torchrun
 

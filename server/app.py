@@ -35,7 +35,7 @@ from elmo_cache.server.middleware import (
 )
 from elmo_cache.server.routers import embed, health, info, metrics
 from elmo_cache.server.service import EmbedService
-from elmo_cache.server.settings import Settings, load_settings
+from elmo_cache.server.settings import NOTHING_TO_SERVE, Settings, load_settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.version import __version__
 
@@ -124,9 +124,7 @@ def load_resources(
             if encoder is None:
                 _log.warning("serving %s from the cache only, no live encodings: %s", settings.cache_path, why)
     if cache is None and encoder is None:
-        raise InvalidParameterError(
-            "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"
-        )
+        raise InvalidParameterError(NOTHING_TO_SERVE)
     if cache is not None and encoder is not None:
         check_compatible(cache, encoder)
     return encoder, cache

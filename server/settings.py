@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from elmo_cache.errors import InvalidParameterError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "load_settings", "NOTHING_TO_SERVE"]
 
 
 class Settings(BaseSettings):
@@ -92,6 +92,11 @@ class Settings(BaseSettings):
         """Whether a model for live encodings is configured."""
         return self.model is not None or self.options_file is not None
 
+    def check_something_to_serve(self) -> None:
+        """Refuse settings naming neither a cache nor a model: checked before anything loads."""
+        if self.cache_path is None and not self.has_model:
+            raise InvalidParameterError(NOTHING_TO_SERVE)
+
     def limits(self) -> dict[str, Any]:
         """The limits clients must respect (shown by ``GET /info``)."""
         return {
@@ -105,6 +110,9 @@ class Settings(BaseSettings):
             "max_response_bytes": self.max_response_bytes,
             "request_timeout_s": self.request_timeout_s,
         }
+
+
+NOTHING_TO_SERVE = "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"
 
 
 def load_settings(**overrides: Any) -> Settings:

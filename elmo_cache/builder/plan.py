@@ -18,6 +18,7 @@ import numpy as np
 
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
+from elmo_cache.encoder.names import check_device_name, check_precision_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
@@ -238,10 +239,8 @@ def _check_running(options: BuildOptions) -> None:
     """The options of how the build runs (not of what it writes)."""
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
-    from elmo_cache.encoder.hardware import PRECISIONS
-
-    if options.precision not in PRECISIONS:
-        raise InvalidParameterError(f"precision: {options.precision!r} is not valid; choose from {list(PRECISIONS)}")
+    check_precision_name(options.precision)
+    check_device_name(options.device)
     if options.initial_state not in ("zero", "warm"):
         raise InvalidParameterError(
             f"initial_state: {options.initial_state!r} is not valid for a build; choose from "
