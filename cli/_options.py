@@ -25,8 +25,9 @@ def model_options(function: F) -> F:
             click.option(
                 "--model",
                 default=None,
-                help=f"Model name ({names}, or efml-LANG for an ELMoForManyLangs model, e.g. efml-zh) or a "
-                "directory (options JSON + weights HDF5, or an ELMoForManyLangs model). "
+                help=f"Model name ({names}, or efml-LANG for an ELMoForManyLangs model, e.g. efml-zh), a "
+                "directory (options JSON + weights HDF5, an NLPL / simple_elmo options.json + model.hdf5, or an "
+                "ELMoForManyLangs model) or an NLPL model's .zip (unpacked once into the model cache). "
                 f"Default: {BUNDLED} (shipped with elmo-cache, no download).",
             ),
             click.option(

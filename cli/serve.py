@@ -54,7 +54,7 @@ def _server_modules() -> tuple[Any, tuple[Any, Any]]:
 @click.argument("cache", required=False, type=click.Path(path_type=Path))
 @click.option(
     "--model",
-    help="Model for live encodings: a name (bundled, original, ...) or a directory. "
+    help="Model for live encodings: a name (bundled, original, ...), a directory or an NLPL .zip. "
     "[default: the model that built CACHE when it is available locally, else none (cache only)] "
     "[env: ELMO_CACHE_MODEL]",
 )

@@ -59,8 +59,8 @@ this command under torchrun (without --nproc) on every node, e.g.
     default=None,
     type=str,
     help="Start from a model with a fresh optimizer: a directory `train` wrote (weights, softmax and "
-    "vocabulary go on), or any bilm-tf model: a published name, 'bundled', or a directory with "
-    "options and weights only (a fresh softmax over this corpus's vocabulary: domain adaptation).",
+    "vocabulary go on), or any bilm-tf model: a published name, 'bundled', an NLPL directory or .zip, or a "
+    "directory with options and weights only (a fresh softmax over this corpus's vocabulary: domain adaptation).",
 )
 @click.option("--min-count", type=int, default=3, show_default=True, help="Rarer words are <UNK> as targets.")
 @click.option("--max-vocab", type=int, default=None, help="At most this many softmax words.")

@@ -280,7 +280,8 @@ class EfmlSource:
 
     origin = "elmoformanylangs"
 
-    def _files(self, path: Path) -> ModelFiles:
+    def files(self, path: Path) -> ModelFiles:
+        """The files of the ELMoForManyLangs model directory ``path``."""
         # The source's origin is also the format's name (elmo_cache.model.formats.EFML).
         return ModelFiles(
             path.name, path / "config.json", path / "encoder.pkl", self.origin, directory=path, format=self.origin
@@ -293,7 +294,7 @@ class EfmlSource:
 
     def resolve(self, request: ModelRequest) -> ModelFiles:
         assert request.model is not None
-        return self._files(Path(request.model).expanduser().resolve())
+        return self.files(Path(request.model).expanduser().resolve())
 
     def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
         from elmo_cache.model import efml
@@ -304,10 +305,54 @@ class EfmlSource:
         path = Path(directory)
         if not efml.is_model_dir(path):
             return None, f"its directory {directory} no longer holds an ELMoForManyLangs model"
-        return self._files(path), f"its directory {directory} now holds another ELMoForManyLangs model"
+        return self.files(path), f"its directory {directory} now holds another ELMoForManyLangs model"
 
     def describe(self) -> str:
         return "an ELMoForManyLangs model directory"
+
+
+class NlplSource:
+    """An NLPL / simple_elmo model (:mod:`elmo_cache.model.nlpl`): a directory of ``options.json`` and
+    ``model.hdf5``, or its ``.zip`` as the NLPL repository distributes it (unpacked once, safely, into the
+    model cache; an archive holding an ELMoForManyLangs directory loads as one)."""
+
+    origin = "nlpl"
+
+    def claims(self, request: ModelRequest) -> bool:
+        from elmo_cache.model import nlpl
+
+        if request.model is None:
+            return False
+        path = Path(request.model).expanduser()
+        return nlpl.is_archive(path) or (path.is_dir() and nlpl.is_model_dir(path))
+
+    def resolve(self, request: ModelRequest) -> ModelFiles:
+        from elmo_cache.model import efml, nlpl
+
+        assert request.model is not None
+        path = Path(request.model).expanduser()
+        if nlpl.is_archive(path):
+            directory, name = nlpl.unpacked(path), path.stem
+            if efml.is_model_dir(directory):
+                return EfmlSource().files(directory)
+        else:
+            directory, name = path.resolve(), path.name
+        options, weights = nlpl.model_files(directory)
+        return ModelFiles(name, options, weights, self.origin, directory=directory)
+
+    def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
+        from elmo_cache.model import nlpl
+
+        directory = recorded.get("directory")
+        if not isinstance(directory, str) or not nlpl.is_model_dir(Path(directory)):
+            return None, ""
+        path = Path(directory)
+        options, weights = nlpl.model_files(path)
+        files = ModelFiles(str(recorded.get("name") or path.name), options, weights, self.origin, directory=path)
+        return files, f"its directory {directory} now holds another NLPL model"
+
+    def describe(self) -> str:
+        return "an NLPL / simple_elmo directory (options.json + model.hdf5) or its .zip"
 
 
 _SOURCES: list[ModelSource] = [
@@ -316,6 +361,7 @@ _SOURCES: list[ModelSource] = [
     PublishedSource(),
     EfmlPublishedSource(),
     EfmlSource(),
+    NlplSource(),
     DirectorySource(),
 ]
 
