@@ -28,7 +28,8 @@ def model_options(function: F) -> F:
                 help=f"Model name ({names}, or efml-LANG for an ELMoForManyLangs model, e.g. efml-zh), a "
                 "directory (options JSON + weights HDF5, an NLPL / simple_elmo options.json + model.hdf5, or an "
                 "ELMoForManyLangs model) or an NLPL model's .zip (unpacked once into the model cache). "
-                f"Default: {BUNDLED} (shipped with elmo-cache, no download).",
+                f"Default: {BUNDLED} (256-d, shipped with elmo-cache, no download; said on stderr). allennlp's "
+                "default was the Original ELMo (1024-d): --model original.",
             ),
             click.option(
                 "--options-file", type=click.Path(dir_okay=False), default=None, help="options.json of the model."

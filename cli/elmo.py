@@ -18,7 +18,8 @@ __all__ = ["elmo_command"]
 @click.option(
     "--model",
     default=None,
-    help="Model name, directory or NLPL .zip, as for build. Default: the bundled model (no download).",
+    help="Model name, directory or NLPL .zip, as for build. Default: the bundled model (256-d, no download; "
+    "said on stderr). allennlp elmo's default was the Original (1024-d): --model original.",
 )
 @click.option("--options-file", default=None, help="options.json of the model (with --weight-file).")
 @click.option("--weight-file", default=None, help="Weights HDF5 of the model (with --options-file).")

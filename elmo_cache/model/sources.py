@@ -13,6 +13,7 @@ Adding a source (another model format, another hub) is one class with the three 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "locate",
 ]
 
+_log = logging.getLogger("elmo_cache.model")
 
 ModelSpec = str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | ModelFiles | None
 """What :meth:`Encoder.load <elmo_cache.Encoder.load>` takes: a name, a directory, an
@@ -112,6 +114,27 @@ def _bundled_files() -> ModelFiles:
     return ModelFiles(hub.BUNDLED, options, weights, "bundled")
 
 
+_announced: list[str] = []
+
+
+def _announce_default(files: ModelFiles) -> None:
+    """Say once per process which model loads when none was named: allennlp's tools loaded the Original
+    (1024-d) in that case, so code ported from them would otherwise change model without a word."""
+    if _announced:
+        return
+    from elmo_cache.model.options import ModelOptions
+
+    dim = ModelOptions.from_file(files.options_file).output_dim
+    _announced.append(files.name)
+    _log.warning(
+        "no model named: loading elmo-cache's bundled model %r (3 layers of %d-d vectors, a small English model "
+        "shipped with the package), not allennlp's default, the Original ELMo (1024-d); for that pass "
+        "--model original (Python: model='original', or your options and weight files)",
+        files.name,
+        dim,
+    )
+
+
 def _find_in_directory(directory: Path) -> tuple[Path, Path]:
     options = sorted(directory.glob("*options*.json"))
     weights = sorted(directory.glob("*weights*.hdf5")) or sorted(directory.glob("*weights*.h5"))
@@ -152,7 +175,10 @@ class BundledSource:
         return request.model is None or request.model.lower() == hub.BUNDLED
 
     def resolve(self, request: ModelRequest) -> ModelFiles:
-        return _bundled_files()
+        files = _bundled_files()
+        if request.model is None:
+            _announce_default(files)
+        return files
 
     def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
         try:
