@@ -134,3 +134,5 @@ class TrainResult:
     resumed_from_step: int
     finished: bool
     history: list[dict[str, float]] = field(default_factory=list)
+    # The signal (SIGTERM or SIGINT) that stopped the run after a checkpoint, or None.
+    stopped_by: str | None = None
