@@ -188,11 +188,12 @@ def build_command(
 ) -> None:
     """Encode every line of CORPUS once and write the vectors to a cache."""
     from elmo_cache.builder import BuildOptions, build, resolve_output
-    from elmo_cache.rows.selection import Selection
+    from elmo_cache.rows.selection import Selection, check_distinct_layers
     from elmo_cache.text.corpus import Corpus
     from elmo_cache.threads import apply_threads, choose_threads
 
     choose_threads(threads)  # checked with the other options, before torch is imported
+    check_distinct_layers(layers, parameter="--layers")  # parse would merge "1,1" into "1"
     selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS) or Selection()
     options = BuildOptions(
         output=output,

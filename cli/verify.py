@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from elmo_cache.cli._options import model_options
+from elmo_cache.cli._options import cache_model_options
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
 
 __all__ = ["verify_command"]
@@ -21,7 +21,7 @@ __all__ = ["verify_command"]
     help="The corpus the cache was built from, to check every line against it too (read only when given; "
     "a format-1 cache, which stores no text, needs it to check its index).",
 )
-@model_options
+@cache_model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
 def verify_command(
     cache: str,

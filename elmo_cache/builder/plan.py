@@ -23,7 +23,7 @@ from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
-from elmo_cache.rows.selection import MixSpec, Selection
+from elmo_cache.rows.selection import MixSpec, Selection, check_distinct_layers
 from elmo_cache.store import Layout, Progress, infer_format
 from elmo_cache.store.format import (
     FORMAT_NAME,
@@ -179,6 +179,7 @@ class Plan:
 def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     """Check every option against the others and the corpus; raise :class:`InvalidParameterError` naming it."""
     fmt, output = _output(source, options)
+    check_distinct_layers(options.layers)
     selection = Selection.of(options.layers, options.mix)
     compression = None if options.compression in (None, "none") else options.compression
     # None: set once the model's width is known (Plan.with_model)
@@ -209,6 +210,13 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     )
 
 
+# Suffixes of other formats an output is sometimes named with; a cache written there would be a zarr
+# directory under a name that promises something else (Parquet readers would find a folder of chunks).
+_OTHER_FORMATS = frozenset(
+    {".parquet", ".arrow", ".feather", ".npy", ".npz", ".csv", ".tsv", ".json", ".jsonl", ".txt", ".pt", ".pkl"}
+)
+
+
 def _output(source: Corpus, options: BuildOptions) -> tuple[str, Path]:
     """The container's name and the cache's path: asked for, implied by the output's suffix, or the defaults."""
     if options.format is not None:
@@ -232,6 +240,13 @@ def _output(source: Corpus, options: BuildOptions) -> tuple[str, Path]:
     output = Path(options.output) if options.output is not None else default_output(source.path, fmt)  # type: ignore[arg-type]
     if source.path is not None and output.resolve() == source.path.resolve():
         raise InvalidParameterError(f"output: {output} is the corpus itself; choose another -o/--output")
+    suffix = Path(options.output).suffix.lower() if options.output is not None else ""
+    if options.format is None and suffix_format is None and suffix in _OTHER_FORMATS:
+        raise InvalidParameterError(
+            f"output: {os.fspath(options.output or '')!r} ends in {suffix!r}, another file format's suffix, but a "
+            "build writes an elmo-cache cache: zarr (a .zarr directory) or HDF5 (.h5, .hdf5). Name the output "
+            "with one of those suffixes, or pass --format zarr|hdf5 to use this path anyway"
+        )
     return fmt, output
 
 

@@ -31,6 +31,8 @@ CASES = [
     (["build", "corpus.txt", "--threads", "0"], 1, "threads: must be at least 1"),
     (["build", "corpus.txt", "--compression", "lz77"], 1, "choose from ['none', 'zstd'"),
     (["build", "missing.txt"], 1, "corpus not found: missing.txt"),
+    (["build", "corpus.txt", "-o", "x.parquet"], 1, "ends in '.parquet', another file format's suffix"),
+    (["build", "corpus.txt", "--layers", "1,1"], 1, "--layers: layer 1 is listed twice in '1,1'"),
     (["elmo", "corpus.txt", "out.h5"], 2, "give exactly one of --all, --top, --average"),
     (["elmo", "missing.txt", "out.h5", "--top"], 1, "corpus not found: missing.txt"),
     (["elmo", "corpus.txt", "no/such/out.h5", "--top"], 1, "folder no/such does not exist"),
@@ -88,6 +90,18 @@ def test_help_version_and_option_errors_import_no_torch(results, index, case):
     if code:
         assert "Traceback" not in line["output"]
     assert not (folder / "corpus.zarr").exists() and not (folder / "m").exists()  # nothing written
+    assert not (folder / "x.parquet").exists()
+
+
+def test_verify_says_its_default_model_is_the_cache_s():
+    from click.testing import CliRunner
+
+    from elmo_cache.cli.main import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["verify", "--help"]).output.split())
+    assert "Default: the model that built CACHE" in text and "Default: bundled" not in text
+    build = " ".join(CliRunner().invoke(cli, ["build", "--help"]).output.split())
+    assert "Default: bundled (256-d" in build
 
 
 def test_a_build_imports_torch_once_options_pass(tmp_path, tiny_model):
