@@ -43,6 +43,7 @@ __all__ = ["elmo_command"]
     help="Carry the LSTM state from batch to batch as allennlp did (vectors then depend on the batches); "
     "default: every sentence from the zero state.",
 )
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
 def elmo_command(
     input_file: str,
     output_file: str,
@@ -57,6 +58,7 @@ def elmo_command(
     forget_sentences: bool,
     use_sentence_keys: bool,
     stateful: bool,
+    no_progress: bool,
 ) -> None:
     """Embed INPUT_FILE (one whitespace-tokenised sentence per line, no empty lines) into OUTPUT_FILE,
     an HDF5 file in the layout of allennlp's ``elmo`` command: a dataset per line, named by its line
@@ -72,5 +74,7 @@ def elmo_command(
 
     apply_threads()
     embedder = ElmoEmbedder(options_file, weight_file, cuda_device, stateful=stateful, model=model)
-    summary = embedder.embed_file(input_file, output_file, chosen[0], batch_size, forget_sentences, use_sentence_keys)
+    summary = embedder.embed_file(
+        input_file, output_file, chosen[0], batch_size, forget_sentences, use_sentence_keys, progress=not no_progress
+    )
     click.echo(str(summary))

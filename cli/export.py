@@ -25,8 +25,12 @@ __all__ = ["export_command"]
     'float32 nested lists), read by pyarrow and Hugging Face datasets (pip install "elmo-cache[parquet]"). '
     "Default: parquet for a .parquet or .pq OUTPUT, else hdf5.",
 )
-def export_command(cache: str, output: str, corpus: str | None, overwrite: bool, format_: str | None) -> None:
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def export_command(
+    cache: str, output: str, corpus: str | None, overwrite: bool, format_: str | None, no_progress: bool
+) -> None:
     """Write CACHE to OUTPUT in the original allennlp HDF5 layout (one dataset per line) or as Parquet."""
     from elmo_cache.compat.export import export
 
-    click.echo(str(export(cache, output, corpus=corpus, overwrite=overwrite, format=format_)))
+    summary = export(cache, output, corpus=corpus, overwrite=overwrite, format=format_, progress=not no_progress)
+    click.echo(str(summary))

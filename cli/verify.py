@@ -23,6 +23,7 @@ __all__ = ["verify_command"]
 )
 @cache_model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
 def verify_command(
     cache: str,
     sample: int,
@@ -32,6 +33,7 @@ def verify_command(
     weight_file: str | None,
     device: str | None,
     seed: int,
+    no_progress: bool,
 ) -> None:
     """Check the structure of CACHE and optionally a sample of its vectors."""
     from elmo_cache.verify.checks import verify
@@ -47,6 +49,7 @@ def verify_command(
         weight_file=weight_file,
         device=device,
         seed=seed,
+        progress=not no_progress,
     )
     click.echo(str(report))
     if not report.ok:

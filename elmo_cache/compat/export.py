@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,7 @@ def export(
     corpus: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     format: str | None = None,
+    progress: bool = False,
 ) -> ExportSummary:
     """Write the cache at ``cache`` to ``output``: an HDF5 file in allennlp's layout, or with
     ``format="parquet"`` (the default for a ``.parquet`` output) a Parquet file for pyarrow and Hugging
@@ -107,8 +108,10 @@ def export(
 
     Raises :class:`~elmo_cache.errors.CacheExistsError` if ``output`` exists (unless
     ``overwrite``) and :class:`~elmo_cache.errors.CorpusError` when ``corpus`` does not match
-    the cache. The file appears only once complete (written beside it, then renamed).
+    the cache. The file appears only once complete (written beside it, then renamed). ``progress``: a
+    bar on stderr (:mod:`elmo_cache.progress`), one line at a time when stderr is not a terminal.
     """
+    from elmo_cache.progress import progress_bar
     from elmo_cache.reader.cache import open as open_cache
 
     output = Path(output)
@@ -130,9 +133,10 @@ def export(
                 f"cache: {opened.path} stores only pooled sentence vectors (--pool-only), no token vectors to "
                 "export; export a cache built without --pool-only"
             )
-        if chosen == "parquet":
-            return ExportSummary(output, write_parquet(opened, output), None, format="parquet")
-        return _export_hdf5(opened, output, corpus)
+        with progress_bar(total=len(opened), desc="exporting", unit=" sent", disable=not progress) as bar:
+            if chosen == "parquet":
+                return ExportSummary(output, write_parquet(opened, output, bar.update), None, format="parquet")
+            return _export_hdf5(opened, output, corpus, bar.update)
 
 
 EXPORT_FORMATS = ("hdf5", "parquet")
@@ -148,7 +152,9 @@ def export_format(output: Path, format: str | None) -> str:
     return format
 
 
-def _export_hdf5(opened: Any, output: Path, corpus: str | os.PathLike[str] | None) -> ExportSummary:
+def _export_hdf5(
+    opened: Any, output: Path, corpus: str | os.PathLike[str] | None, advance: Callable[[int], Any]
+) -> ExportSummary:
     import h5py
 
     lengths = np.asarray(opened.lengths)
@@ -164,6 +170,7 @@ def _export_hdf5(opened: Any, output: Path, corpus: str | os.PathLike[str] | Non
         with h5py.File(tmp, "w") as f:
             for i in range(len(opened)):
                 f.create_dataset(str(i), data=np.asarray(opened[i], dtype=np.float32))
+                advance(1)
             if mapping is not None:
                 index = f.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
                 index[0] = json.dumps(mapping)

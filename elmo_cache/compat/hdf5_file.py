@@ -158,12 +158,16 @@ def write_embeddings(
     output_format: str = "all",
     forget_sentences: bool = False,
     use_sentence_keys: bool = False,
+    progress: bool = False,
 ) -> EmbedFileSummary:
     """Read ``input_file``, embed its lines with ``embed`` (token lists in, ``(3, n, dim)`` arrays out,
     in order) and write ``output_file_path`` in allennlp 0.9's layout (see the module docstring).
     The output is written beside its final name and renamed when complete; an existing file is
-    replaced, as 0.9 replaced it."""
+    replaced, as 0.9 replaced it. ``progress``: a bar of the sentences embedded on stderr
+    (:mod:`elmo_cache.progress`)."""
     import h5py
+
+    from elmo_cache.progress import progress_bar
 
     if output_format not in OUTPUT_FORMATS:
         raise InvalidParameterError(f"output_format: {output_format!r} is not one of {list(OUTPUT_FORMATS)}")
@@ -173,11 +177,13 @@ def write_embeddings(
     keep_index = not forget_sentences and not use_sentence_keys
     tmp = output.with_name(output.name + ".tmp")
     try:
-        with h5py.File(tmp, "w") as f:
+        bar = progress_bar(total=len(sentences), desc="embedding", unit=" sent", disable=not progress)
+        with h5py.File(tmp, "w") as f, bar:
             vectors = embed([tokenize(sentence) for sentence in sentences])
             for number, (sentence, embedded) in enumerate(zip(sentences, vectors, strict=True)):
                 key = sentence if use_sentence_keys else str(number)
                 f.create_dataset(key, data=np.asarray(_shape(embedded, output_format), dtype=np.float32))
+                bar.update(1)
             if keep_index:
                 mapping = {sentence: str(number) for number, sentence in enumerate(sentences)}
                 index = f.create_dataset(SENTENCE_TO_INDEX, (1,), dtype=h5py.special_dtype(vlen=str))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +63,9 @@ def _vectors_column(arrays: list[np.ndarray], layered: bool, dim: int, pa: Any) 
     return pa.ListArray.from_arrays(_offsets([a.shape[0] for a in arrays], pa), column)
 
 
-def write_parquet(cache: Cache, output: Path) -> int:
-    """Write every sentence of ``cache`` to ``output`` (see the module docstring); returns the sentences written."""
+def write_parquet(cache: Cache, output: Path, advance: Callable[[int], Any] | None = None) -> int:
+    """Write every sentence of ``cache`` to ``output`` (see the module docstring); returns the sentences written.
+    ``advance(n)`` is told of every ``n`` sentences read (a progress bar's ``update``)."""
     pa, pq = require_pyarrow()
     layered = cache.kind == "layers"
     dim = int(cache.dim)
@@ -99,6 +101,8 @@ def write_parquet(cache: Cache, output: Path) -> int:
                 lines.append(i)
                 arrays.append(vectors)
                 held += vectors.size
+                if advance is not None:
+                    advance(1)
             if arrays or len(cache) == 0:
                 flush()
         os.replace(tmp, output)

@@ -35,6 +35,7 @@ import torch
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.options import ModelOptions
+from elmo_cache.progress import progress_bar
 from elmo_cache.threads import THREADS_ENV, apply_threads, usable_cpus
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.checkpoint import CHECKPOINT_FILE, cpu_name, write_checkpoint
@@ -302,14 +303,12 @@ class _Run:
     def train(self) -> TrainResult:
         """Steps until ``total_steps``, the last epoch, the time limit or SIGTERM/SIGINT, saving every
         ``checkpoint_seconds`` and at the end."""
-        from tqdm.auto import tqdm
-
         options, at = self.options, self.position
         self.started = time.monotonic()
         last_save = self.started
         tokens_at_start = at.tokens
         show = options.progress and self.group.is_main
-        bar = tqdm(total=self.total_steps, initial=at.step, disable=not show, unit="step", dynamic_ncols=True)
+        bar = progress_bar(total=self.total_steps, initial=at.step, disable=not show, unit="step", desc="training")
         self.params = [p for p in self.model.parameters()]
         window = _Window()
         self.model.train()

@@ -4,6 +4,7 @@ builds the model its name promises."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -98,8 +99,13 @@ def test_a_signal_checkpoints_and_the_rerun_equals_an_uninterrupted_run(tmp_path
         "--num-sampled", "16", "--min-count", "1", "--threads", "1", "--checkpoint-minutes", "60",
     ]  # fmt: skip
     cli = [sys.executable, "-c", "from elmo_cache.cli.main import main; main()"]
+    # stderr is a pipe, so the bar writes lines: one per step here (elmo_cache.progress).
+    environment = {**os.environ, "ELMO_CACHE_PROGRESS_SECONDS": "0"}
     process = subprocess.Popen(
-        [*cli, *args, "--epochs", "10000", "--max-steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [*cli, *args, "--epochs", "10000", "--max-steps", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
     )
     seen = bytearray()
 
