@@ -199,10 +199,11 @@ def build_command(
     """Encode every line of CORPUS once and write the vectors to a cache."""
     from elmo_cache.builder import BuildOptions, build, resolve_output
     from elmo_cache.builder.plan import open_corpus
-    from elmo_cache.rows.selection import Selection
-    from elmo_cache.threads import apply_threads
+    from elmo_cache.rows.selection import Selection, check_distinct_layers
+    from elmo_cache.threads import apply_threads, choose_threads
 
-    apply_threads(threads)
+    choose_threads(threads)  # checked with the other options, before torch is imported
+    check_distinct_layers(layers, parameter="--layers")  # parse would merge "1,1" into "1"
     selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS) or Selection()
     options = BuildOptions(
         output=output,
@@ -234,7 +235,9 @@ def build_command(
         commit_seconds=commit_seconds,
     )
     source = open_corpus(corpus, options)
-    click.echo(f"building {resolve_output(source, options)}", err=True)  # said before the model loads
+    # Every option is checked here (resolve_output makes the plan) before torch and the model load.
+    click.echo(f"building {resolve_output(source, options)}", err=True)
+    apply_threads(threads)
     try:
         summary = build(source, options, engine=engine, address=address, workers=workers)
     except KeyboardInterrupt:

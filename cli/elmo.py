@@ -18,7 +18,8 @@ __all__ = ["elmo_command"]
 @click.option(
     "--model",
     default=None,
-    help="Model name or directory, as for build. Default: the bundled model (no download).",
+    help="Model name, directory or NLPL .zip, as for build. Default: the bundled model (256-d, no download; "
+    "said on stderr). allennlp elmo's default was the Original (1024-d): --model original.",
 )
 @click.option("--options-file", default=None, help="options.json of the model (with --weight-file).")
 @click.option("--weight-file", default=None, help="Weights HDF5 of the model (with --options-file).")
@@ -42,6 +43,7 @@ __all__ = ["elmo_command"]
     help="Carry the LSTM state from batch to batch as allennlp did (vectors then depend on the batches); "
     "default: every sentence from the zero state.",
 )
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
 def elmo_command(
     input_file: str,
     output_file: str,
@@ -56,17 +58,23 @@ def elmo_command(
     forget_sentences: bool,
     use_sentence_keys: bool,
     stateful: bool,
+    no_progress: bool,
 ) -> None:
     """Embed INPUT_FILE (one whitespace-tokenised sentence per line, no empty lines) into OUTPUT_FILE,
     an HDF5 file in the layout of allennlp's ``elmo`` command: a dataset per line, named by its line
     number from 0, and sentence_to_index."""
-    from elmo_cache.compat import ElmoEmbedder
+    from elmo_cache.compat.hdf5_file import check_paths
     from elmo_cache.threads import apply_threads
 
     chosen = [name for name, flag in (("all", all_layers), ("top", top), ("average", average)) if flag]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --all, --top, --average")
+    check_paths(input_file, output_file)  # before torch and the model load
+    from elmo_cache.compat import ElmoEmbedder
+
     apply_threads()
     embedder = ElmoEmbedder(options_file, weight_file, cuda_device, stateful=stateful, model=model)
-    summary = embedder.embed_file(input_file, output_file, chosen[0], batch_size, forget_sentences, use_sentence_keys)
+    summary = embedder.embed_file(
+        input_file, output_file, chosen[0], batch_size, forget_sentences, use_sentence_keys, progress=not no_progress
+    )
     click.echo(str(summary))

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from elmo_cache.train.evaluate import MODES
+from elmo_cache.train.config import PERPLEXITY_MODES as MODES
 
 __all__ = ["perplexity_command"]
 

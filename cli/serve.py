@@ -22,26 +22,39 @@ __all__ = ["serve_command", "run_server"]
 _SERVER_EXTRA = {"fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client", "orjson"}
 
 
-def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
+def _missing_extra(exc: ImportError) -> ElmoCacheError:
+    if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
+        raise exc  # a broken install of ours, not a missing extra
+    return ElmoCacheError(
+        f'`elmo-cache serve` needs the server extra ({exc.name} is not installed): pip install "elmo-cache[server]"'
+    )
+
+
+def _load_settings() -> Any:
+    """The settings' loader alone (pydantic, no torch): flags are checked before the app is imported."""
+    try:
+        from elmo_cache.server.settings import load_settings
+    except ImportError as exc:
+        raise _missing_extra(exc) from None
+    return load_settings
+
+
+def _server_modules() -> tuple[Any, tuple[Any, Any]]:
     """uvicorn and the server's entry points, imported only here so that nothing else needs them."""
     try:
         import uvicorn
 
-        from elmo_cache.server import create_app, load_resources, load_settings
+        from elmo_cache.server.app import create_app, load_resources
     except ImportError as exc:
-        if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
-            raise  # a broken install of ours, not a missing extra
-        raise ElmoCacheError(
-            f'`elmo-cache serve` needs the server extra ({exc.name} is not installed): pip install "elmo-cache[server]"'
-        ) from None
-    return uvicorn, (create_app, load_resources, load_settings)
+        raise _missing_extra(exc) from None
+    return uvicorn, (create_app, load_resources)
 
 
 @click.command("serve")
 @click.argument("cache", required=False, type=click.Path(path_type=Path))
 @click.option(
     "--model",
-    help="Model for live encodings: a name (bundled, original, ...) or a directory. "
+    help="Model for live encodings: a name (bundled, original, ...), a directory or an NLPL .zip. "
     "[default: the model that built CACHE when it is available locally, else none (cache only)] "
     "[env: ELMO_CACHE_MODEL]",
 )
@@ -51,7 +64,34 @@ def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
 @click.option("--precision", help="Encoder precision (fp32, bf16, fp16). [default: the cache's, else fp32]")
 @click.option("--host", help="Interface to listen on. [default: 127.0.0.1]")
 @click.option("--port", type=int, help="TCP port. [default: 8000]")
-@click.option("--api-key", help="Require 'Authorization: Bearer <key>' (except on /health). [env: ELMO_CACHE_API_KEY]")
+@click.option(
+    "--api-key",
+    help="Require 'Authorization: Bearer <key>' on every route except GET /health and OPTIONS (which answers "
+    "only Allow and CORS headers); /docs, /redoc and /openapi.json need it too unless --open-docs. "
+    "[env: ELMO_CACHE_API_KEY]",
+)
+@click.option(
+    "--open-docs/--no-open-docs",
+    default=None,
+    help="With --api-key: serve /docs, /redoc and /openapi.json without the key. [default: off]",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    help="Let browser pages from this origin (e.g. https://app.example.org; repeat for more; * for any) call the "
+    "API (CORS). [default: none: CORS off] [env: ELMO_CACHE_CORS_ORIGINS, a JSON list]",
+)
+@click.option(
+    "--openai-pool",
+    type=click.Choice(["mean", "max", "first-last"]),
+    help="POST /v1/embeddings: how a text's token vectors become its one vector. [default: mean]",
+)
+@click.option(
+    "--openai-mix",
+    help="POST /v1/embeddings: layer weights s0,s1,s2 of the vectors pooled. [default: the average of the layers "
+    "the cache stores (all three without a cache), or a mixed cache's own mix]",
+)
 @click.option("--max-tokens-per-sentence", type=int, help="Refuse longer sentences (413). [default: 400]")
 @click.option("--max-sentences-per-request", type=int, help="Refuse bigger POST /embed requests (413). [default: 256]")
 @click.option("--max-body-bytes", type=int, help="Refuse bigger request bodies (413). [default: 1000000]")
@@ -103,10 +143,13 @@ def serve_command(cache: Path | None, **flags: Any) -> None:
     Every option can also be set with an ELMO_CACHE_<OPTION> environment variable
     (e.g. ELMO_CACHE_API_KEY, ELMO_CACHE_PORT; CACHE is ELMO_CACHE_CACHE_PATH); flags win. The model and cache are
     loaded before the server starts listening, so a mistake is reported at once.
-    Docs of the HTTP API: http://HOST:PORT/docs once it runs.
+    Docs of the HTTP API: http://HOST:PORT/docs once it runs (with --api-key, they need the key too
+    unless --open-docs). POST /v1/embeddings answers in the OpenAI embeddings API's shape.
     """
-    _, (_, load_resources, load_settings) = _server_modules()  # a clear error without the server extra
-    settings = load_settings(cache_path=cache, **flags)
+    flags["cors_origins"] = list(flags["cors_origins"]) or None  # no flag: the environment's, else none
+    settings = _load_settings()(cache_path=cache, **flags)  # a clear error without the server extra
+    settings.check_something_to_serve()
+    _, (_, load_resources) = _server_modules()
     encoder, store = load_resources(settings)
     what = " and ".join(
         part
@@ -129,7 +172,7 @@ def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cac
     read stuck in a pool thread (a dead disk) does not hold the process: the pool's threads are
     daemons, and the cache is then left open rather than closed under it.
     """
-    uvicorn, (create_app, _, _) = _server_modules()
+    uvicorn, (create_app, _) = _server_modules()
     from elmo_cache.server.shutdown import DrainingServer
 
     app = create_app(settings, encoder=encoder, cache=cache)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 import click
 
@@ -13,9 +15,12 @@ __all__ = ["train_command"]
 _EPILOG = """\b
 Writes MODEL_DIR/options.json + weights.hdf5 (the bilm-tf layout: `elmo-cache build
 --model MODEL_DIR` and allennlp's Elmo read them), vocab.txt + softmax.hdf5 (for
-`elmo-cache perplexity` or further training) and checkpoint.pt. Interrupted (Ctrl-C,
-kill -9)? Run the same command again: it resumes from the last checkpoint. Raise
---epochs to continue a finished run.
+`elmo-cache perplexity` or further training) and checkpoint.pt. SIGTERM or Ctrl-C
+while training: the step in flight finishes, a checkpoint is written and the
+command exits 143 (SIGTERM) or 130 (Ctrl-C); a second signal stops at once. After
+any interruption (kill -9 included), run the same command again: it resumes from
+the last checkpoint and takes the steps an uninterrupted run takes. Raise --epochs
+to continue a finished run. A first try: --preset tiny --max-steps 100 (minutes).
 
 \b
 Data parallel: --nproc N trains with N processes (torch.distributed: gloo on the
@@ -38,7 +43,7 @@ this command under torchrun (without --nproc) on every node, e.g.
     default="base",
     show_default=True,
     type=click.Choice(list(TRAIN_PRESETS)),
-    help="Model size (base: ~3M parameters, 256-d vectors).",
+    help="Model size (base: ~3M parameters, 256-d vectors; tiny: a first try in minutes).",
 )
 @click.option(
     "--options",
@@ -59,8 +64,8 @@ this command under torchrun (without --nproc) on every node, e.g.
     default=None,
     type=str,
     help="Start from a model with a fresh optimizer: a directory `train` wrote (weights, softmax and "
-    "vocabulary go on), or any bilm-tf model: a published name, 'bundled', or a directory with "
-    "options and weights only (a fresh softmax over this corpus's vocabulary: domain adaptation).",
+    "vocabulary go on), or any bilm-tf model: a published name, 'bundled', an NLPL directory or .zip, or a "
+    "directory with options and weights only (a fresh softmax over this corpus's vocabulary: domain adaptation).",
 )
 @click.option("--min-count", type=int, default=3, show_default=True, help="Rarer words are <UNK> as targets.")
 @click.option("--max-vocab", type=int, default=None, help="At most this many softmax words.")
@@ -140,7 +145,9 @@ def train_command(
     no_progress: bool,
 ) -> None:
     """Pretrain an ELMo biLM on CORPUS (one sentence per line, whitespace tokens) the way bilm-tf does."""
-    from elmo_cache.train import TrainOptions, train
+    from elmo_cache.encoder.names import check_device_name
+    from elmo_cache.threads import choose_threads
+    from elmo_cache.train.config import TrainOptions
 
     options = TrainOptions(
         preset=preset,
@@ -167,15 +174,29 @@ def train_command(
         overwrite=overwrite,
         progress=not no_progress,
     )
+    # Checked before torch is imported (train imports it): a typo costs no import, no model.
+    options.validate()
+    check_device_name(device)
+    choose_threads(threads)
+    from elmo_cache.train.api import train
+
     result = train(corpus, output, options)
     from elmo_cache.train.distributed import launched_by_torchrun
 
     if launched_by_torchrun() and os.environ.get("RANK") != "0":
         return  # under torchrun every rank returns the same result: rank 0 reports it
-    state = "finished" if result.finished else "stopped (run the same command to continue)"
+    if result.finished:
+        state = "finished"
+    elif result.stopped_by:
+        state = f"stopped by {result.stopped_by}, checkpoint written (run the same command to continue)"
+    else:
+        state = "stopped (run the same command to continue)"
     resumed = f", resumed at step {result.resumed_from_step}" if result.resumed_from_step else ""
     loss = "n/a" if result.loss is None else f"{result.loss:.4f}"
     click.echo(
         f"{state}: {result.output} after {result.steps} steps{resumed}, {result.tokens:,} tokens, "
         f"{result.tokens_per_second:,.0f} tokens/s, last sampled loss {loss}"
     )
+    if result.stopped_by:
+        # 128 + the signal, as a process the signal had ended: the run did not finish, a scheduler may requeue it.
+        sys.exit(128 + signal.Signals[result.stopped_by].value)

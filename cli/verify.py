@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from elmo_cache.cli._options import model_options
+from elmo_cache.cli._options import cache_model_options
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
 
 __all__ = ["verify_command"]
@@ -21,8 +21,9 @@ __all__ = ["verify_command"]
     help="The corpus the cache was built from, to check every line against it too (read only when given; "
     "a format-1 cache, which stores no text, needs it to check its index).",
 )
-@model_options
+@cache_model_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
 def verify_command(
     cache: str,
     sample: int,
@@ -32,6 +33,7 @@ def verify_command(
     weight_file: str | None,
     device: str | None,
     seed: int,
+    no_progress: bool,
 ) -> None:
     """Check the structure of CACHE and optionally a sample of its vectors."""
     from elmo_cache.verify.checks import verify
@@ -47,6 +49,7 @@ def verify_command(
         weight_file=weight_file,
         device=device,
         seed=seed,
+        progress=not no_progress,
     )
     click.echo(str(report))
     if not report.ok:

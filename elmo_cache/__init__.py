@@ -2,7 +2,7 @@
 
 Public API (imported lazily, so ``import elmo_cache`` stays cheap)::
 
-    from elmo_cache import Encoder, open, build, CacheDataset, collate, ScalarMix
+    from elmo_cache import Encoder, open, build, CacheDataset, collate, BucketBatchSampler, ScalarMix
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ _EXPORTS = {
     "Cache": "elmo_cache.reader.cache",
     "CacheDataset": "elmo_cache.reader.dataset",
     "collate": "elmo_cache.reader.dataset",
+    "BucketBatchSampler": "elmo_cache.reader.dataset",
     "ScalarMix": "elmo_cache.reader.scalar_mix",
     "tokenize": "elmo_cache.text.tokenize",
     "sentence_hash": "elmo_cache.text.tokenize",
@@ -72,6 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from elmo_cache.model.options import ModelOptions as ModelOptions
     from elmo_cache.reader.cache import Cache as Cache
     from elmo_cache.reader.cache import open as open  # noqa: A004 - the public name shadows the builtin on purpose
+    from elmo_cache.reader.dataset import BucketBatchSampler as BucketBatchSampler
     from elmo_cache.reader.dataset import CacheDataset as CacheDataset
     from elmo_cache.reader.dataset import collate as collate
     from elmo_cache.reader.scalar_mix import ScalarMix as ScalarMix

@@ -6,7 +6,8 @@ The classifier learns the layer weights ``s_j`` and ``gamma`` of a :class:`Scala
 its own weights and prints them in the form ``elmo-cache build --mix`` takes, so the mix can
 later be frozen into a cache a third of the size.
 
-Runs end to end without downloads (a random tiny model and a generated corpus)::
+Runs end to end without downloads (the bundled model and a generated corpus; the caches go to a
+temporary folder removed at the end, or to ``--workdir``, kept)::
 
     python examples/train_classifier.py
     python examples/train_classifier.py --model original --train my_train.tsv   # real data: "label<TAB>sentence"
@@ -23,9 +24,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from elmo_cache import CacheDataset, Encoder, ScalarMix, collate
+from elmo_cache import BucketBatchSampler, CacheDataset, Encoder, ScalarMix, collate
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.model.random_model import write_random_model
 
 # Two classes told apart by their vocabulary, with shared filler words in between.
 _WORDS = {
@@ -61,7 +61,7 @@ class Classifier(nn.Module):
     def __init__(self, layers: tuple[int, ...], dim: int, n_classes: int):
         super().__init__()
         self.mix = ScalarMix(layers)
-        self.norm = nn.LayerNorm(dim)  # the random tiny model's vectors are small; scale-free features train faster
+        self.norm = nn.LayerNorm(dim)  # scale-free features train faster whatever the model's vector sizes
         self.dropout = nn.Dropout(0.1)
         self.out = nn.Linear(dim, n_classes)
 
@@ -86,42 +86,45 @@ def accuracy(model: nn.Module, loader: DataLoader) -> float:
     with torch.no_grad():
         for batch in loader:
             predicted = model(batch.vectors, batch.mask).argmax(-1)
-            right += int((predicted == batch.fields[0]).sum())
+            right += int((predicted == batch.labels).sum())
             total += len(predicted)
     return right / total
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="model name or directory (default: a random tiny model)")
+    parser.add_argument("--model", default="bundled", help="model name or directory (default: the bundled model)")
     parser.add_argument("--train", type=Path, default=None, help="label<TAB>sentence file (default: generated)")
     parser.add_argument("--test", type=Path, default=None, help="label<TAB>sentence file (default: generated)")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers reading the cache")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", type=Path, default=None, help="where caches go (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where caches go, kept (default: a temporary folder, removed)"
+    )
     args = parser.parse_args()
     torch.manual_seed(args.seed)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        run(args, args.workdir)
+        return
+    with tempfile.TemporaryDirectory(prefix="elmo_cache_example_") as folder:
+        run(args, Path(folder))
 
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="elmo_cache_example_"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    if args.model:
-        encoder = Encoder.load(args.model)
-    else:
-        options, weights = write_random_model(workdir / "model", "tiny", seed=args.seed)
-        encoder = Encoder.load((options, weights))
+
+def run(args: argparse.Namespace, workdir: Path) -> None:
+    encoder = Encoder.load(args.model)
     train_rows = read_tsv(args.train) if args.train else generate_corpus(600, seed=args.seed)
     test_rows = read_tsv(args.test) if args.test else generate_corpus(200, seed=args.seed + 1)
     print(f"building caches in {workdir} with {encoder!r}")
     train_cache, train_labels = cache_corpus(train_rows, workdir / "train.zarr", encoder)
     test_cache, test_labels = cache_corpus(test_rows, workdir / "test.zarr", encoder)
 
-    train_set = CacheDataset(train_cache, train_labels)
-    test_set = CacheDataset(test_cache, test_labels)
+    train_set = CacheDataset(train_cache, labels=train_labels)
+    test_set = CacheDataset(test_cache, labels=test_labels)
     train_loader = DataLoader(
         train_set,
-        batch_size=32,
-        shuffle=True,
+        batch_sampler=BucketBatchSampler(train_set, batch_size=32, seed=args.seed),  # similar lengths: less padding
         collate_fn=collate,
         num_workers=args.workers,
         persistent_workers=args.workers > 0,
@@ -138,7 +141,7 @@ def main() -> None:
         model.train()
         total = 0.0
         for batch in train_loader:
-            loss = nn.functional.cross_entropy(model(batch.vectors, batch.mask), batch.fields[0])
+            loss = nn.functional.cross_entropy(model(batch.vectors, batch.mask), batch.labels)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()

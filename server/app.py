@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
@@ -24,6 +25,7 @@ from elmo_cache.model.identity import model_differences
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.deps import require_api_key
 from elmo_cache.server.errors import HANDLED, error_handler
+from elmo_cache.server.formats import EXPOSED_HEADERS
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.middleware import (
     AllowMiddleware,
@@ -33,9 +35,9 @@ from elmo_cache.server.middleware import (
     RequestIdMiddleware,
     TimingMiddleware,
 )
-from elmo_cache.server.routers import embed, health, info, metrics
+from elmo_cache.server.routers import docs, embed, embeddings, health, info, metrics
 from elmo_cache.server.service import EmbedService
-from elmo_cache.server.settings import Settings, load_settings
+from elmo_cache.server.settings import NOTHING_TO_SERVE, Settings, load_settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.version import __version__
 
@@ -124,9 +126,7 @@ def load_resources(
             if encoder is None:
                 _log.warning("serving %s from the cache only, no live encodings: %s", settings.cache_path, why)
     if cache is None and encoder is None:
-        raise InvalidParameterError(
-            "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"
-        )
+        raise InvalidParameterError(NOTHING_TO_SERVE)
     if cache is not None and encoder is not None:
         check_compatible(cache, encoder)
     return encoder, cache
@@ -177,6 +177,10 @@ def create_app(
         version=__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
+        # Served by routers/docs.py instead, behind the API key when there is one.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = app_metrics
@@ -190,8 +194,9 @@ def create_app(
     # OpenAPI docs show the bearer scheme exactly when it is required. /health stays open.
     auth = [Depends(require_api_key)] if settings.api_key is not None else []
     app.include_router(health.router)
-    for module in (embed, info, metrics):
+    for module in (embed, embeddings, info, metrics):
         app.include_router(module.router, dependencies=auth)
+    app.include_router(docs.router, dependencies=[] if settings.open_docs else auth)
     # Added last = outermost: timing sees every response, including early 413s and OPTIONS; the
     # request id is given first and catches whatever escapes the rest.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -200,4 +205,14 @@ def create_app(
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(TimingMiddleware, metrics=app_metrics)
     app.add_middleware(RequestIdMiddleware)
+    if settings.cors_origins:
+        # Outermost: a preflight OPTIONS is answered before routing or the key, and every response
+        # (errors included) carries the CORS headers a browser needs to read it.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Server-Timing", *EXPOSED_HEADERS],
+        )
     return app

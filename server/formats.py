@@ -19,11 +19,29 @@ from fastapi.responses import Response
 from elmo_cache.rows.selection import Selection
 from elmo_cache.server.service import Embedding
 
-__all__ = ["Format", "NPY_MEDIA_TYPE", "NPZ_MEDIA_TYPE", "render_one", "render_many"]
+__all__ = [
+    "Format",
+    "NPY_MEDIA_TYPE",
+    "NPZ_MEDIA_TYPE",
+    "render_one",
+    "render_many",
+    "render_openai",
+    "EXPOSED_HEADERS",
+]
 
 NPY_MEDIA_TYPE = "application/x-npy"
 NPZ_MEDIA_TYPE = "application/x-npz"
 _MAX_TOKENS_HEADER = 8192
+EXPOSED_HEADERS = (
+    "X-Elmo-Source",
+    "X-Elmo-Shape",
+    "X-Elmo-Dtype",
+    "X-Elmo-Pool",
+    "X-Elmo-Tokens",
+    "X-Elmo-Sources",
+    "X-Elmo-Count",
+)
+"""The metadata headers of npy/npz answers: a browser may read them when CORS allows the origin."""
 
 
 class Format(str, enum.Enum):
@@ -96,4 +114,24 @@ def render_many(embeddings: list[Embedding], selection: Selection, fmt: Format) 
         }
         return Response(buffer.getvalue(), media_type=NPZ_MEDIA_TYPE, headers=headers)
     payload = {"results": [_item(e, fmt) for e in embeddings], **selection.describe()}
+    return Response(_dumps(payload), media_type="application/json")
+
+
+def render_openai(embeddings: list[Embedding], model: str, encoding_format: str) -> Response:
+    """The response of ``POST /v1/embeddings`` in the OpenAI embeddings API's shape: one pooled float32 vector
+    per input, as numbers or (``base64``) the base64 of its little-endian float32 bytes, and the token count."""
+    data = []
+    for index, embedding in enumerate(embeddings):
+        vector = embedding.vectors.astype(np.float32, copy=False)
+        encoded: Any = vector
+        if encoding_format == "base64":
+            encoded = base64.b64encode(_little_endian(vector).tobytes()).decode("ascii")
+        data.append({"object": "embedding", "index": index, "embedding": encoded})
+    tokens = sum(len(embedding.tokens) for embedding in embeddings)
+    payload = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
     return Response(_dumps(payload), media_type="application/json")

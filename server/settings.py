@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from elmo_cache.errors import InvalidParameterError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "load_settings", "NOTHING_TO_SERVE"]
 
 
 class Settings(BaseSettings):
@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="interface to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on")
-    # When set, every route but /health needs `Authorization: Bearer <key>`.
+    # When set, every route but /health (and OPTIONS, which answers only Allow/CORS headers) needs
+    # `Authorization: Bearer <key>`; /docs, /redoc and /openapi.json too unless open_docs.
     api_key: SecretStr | None = Field(None, description="require this bearer token")
     # Longer sentences are refused (413): they cost memory in both the encoder and the response.
     max_tokens_per_sentence: int = Field(400, ge=1, description="most tokens in one sentence")
@@ -76,8 +77,34 @@ class Settings(BaseSettings):
     # torch's intra-op threads for live encodings; None: the CPUs this process may use (affinity,
     # cgroup quota), so a server in a CPU-limited container does not oversubscribe it.
     threads: int | None = Field(None, ge=1, description="CPU threads of the encoder; default: the usable CPUs")
+    # POST /v1/embeddings (elmo_cache.server.openai_compat): the pool over a text's tokens, and the mix of the
+    # layers it pools ("s0,s1,s2"); None: the average of the layers the cache stores (a mixed cache's own mix).
+    openai_pool: Literal["mean", "max", "first-last"] = Field(
+        "mean", description="pool of POST /v1/embeddings over a text's tokens"
+    )
+    openai_mix: str | None = Field(
+        None, description="layer weights s0,s1,s2 that POST /v1/embeddings pools; default: the stored layers' average"
+    )
+    # Browsers may call the API from these origins (CORS); empty: no CORS headers, browsers' same-origin rule
+    # stands. "*" allows any origin (then credentials are not allowed, as the CORS specification requires).
+    cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty: CORS off")
+    # With an api_key, /docs, /redoc and /openapi.json need it too unless this opens them (the API's
+    # description is no secret for a public service, but it lists what a key protects).
+    open_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     access_log: bool = Field(True, description="log one line per request")
+
+    @field_validator("openai_mix")
+    @classmethod
+    def _check_openai_mix(cls, value: str | None) -> str | None:
+        if value is not None:
+            from elmo_cache.rows.selection import MixSpec
+
+            try:
+                MixSpec.from_raw(value)
+            except InvalidParameterError as exc:
+                raise ValueError(str(exc).removeprefix("mix: ")) from None
+        return value
 
     @model_validator(mode="after")
     def _check_sources(self) -> Settings:
@@ -92,6 +119,11 @@ class Settings(BaseSettings):
         """Whether a model for live encodings is configured."""
         return self.model is not None or self.options_file is not None
 
+    def check_something_to_serve(self) -> None:
+        """Refuse settings naming neither a cache nor a model: checked before anything loads."""
+        if self.cache_path is None and not self.has_model:
+            raise InvalidParameterError(NOTHING_TO_SERVE)
+
     def limits(self) -> dict[str, Any]:
         """The limits clients must respect (shown by ``GET /info``)."""
         return {
@@ -105,6 +137,9 @@ class Settings(BaseSettings):
             "max_response_bytes": self.max_response_bytes,
             "request_timeout_s": self.request_timeout_s,
         }
+
+
+NOTHING_TO_SERVE = "nothing to serve: give a CACHE, a model (--model, or --options-file with --weight-file), or both"
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -12,7 +12,13 @@ PACKAGE = ROOT / "elmo_cache"
 # The pipeline's stages in the order they may import each other (a stage imports only those before it).
 STAGES = ("text", "model", "encoder", "store", "rows", "builder", "reader", "verify", "compat", "train")
 # Modules at the package root that every stage may use.
-FLOOR = {"elmo_cache.errors", "elmo_cache.threads", "elmo_cache.version", "elmo_cache._primitives"}
+FLOOR = {
+    "elmo_cache.errors",
+    "elmo_cache.threads",
+    "elmo_cache.version",
+    "elmo_cache._primitives",
+    "elmo_cache.progress",
+}
 
 
 def _modules() -> dict[str, Path]:

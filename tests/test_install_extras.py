@@ -69,3 +69,38 @@ def test_serve_without_the_server_extra_says_what_to_install(tmp_path):
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert 'pip install "elmo-cache[server]"' in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _extras() -> tuple[list[str], dict[str, list[str]]]:
+    import configparser
+    from pathlib import Path
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg", encoding="utf-8")
+
+    def requirements(text: str) -> list[str]:
+        return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+    extras = {name: requirements(value) for name, value in config["options.extras_require"].items()}
+    return requirements(config["options"]["install_requires"]), extras
+
+
+def test_a_user_s_install_gets_no_test_pins_and_dev_carries_the_test_extra():
+    core, extras = _extras()
+    user = core + extras["server"]
+    developer_only = {"pytest", "ruff", "mypy", "schemathesis", "elmoformanylangs", "overrides", "httpx"}
+    assert not {r.split("=")[0].split("<")[0].split(">")[0] for r in user} & developer_only
+    # dev names the test extra itself, so what the test extra gains carries over to `pip install -e ".[dev]"`.
+    assert "elmo-cache[test,server]" in extras["dev"] and {"ruff>=0.6", "mypy>=1.10"} <= set(extras["dev"])
+    assert any(r.startswith("elmoformanylangs==") for r in extras["test"])
+
+
+def test_the_readme_s_first_install_line_is_a_user_s():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Install\n\n```bash\n(.*?)```", readme, flags=re.S)
+    assert block is not None
+    first = block.group(1).splitlines()[0]
+    assert first.startswith('pip install ".[server]"') and "-e" not in first.split("#")[0] and "test" not in first

@@ -28,6 +28,7 @@ import numpy as np
 
 from elmo_cache.builder.staged_codebooks import stage_codebooks, staged_codebooks
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.progress import progress_bar
 from elmo_cache.rows.codecs import FLOAT32, RowCodec
 from elmo_cache.store.format import BUILD_DIR
 
@@ -70,7 +71,9 @@ def first_pass_windows(first: FirstPass) -> Iterator[Window]:
         yield first.window(w)[0]
 
 
-def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, batch_tokens: int, n: int) -> np.ndarray:
+def training_sample(
+    windows: Iterable[Window], encoder: Encoder, plan: Plan, batch_tokens: int, n: int, show_progress: bool = False
+) -> np.ndarray:
     """The first ``n`` token rows (fewer when the corpus has fewer) of ``windows``, every sentence, as float32
     rows in the stored layout before quantisation: ``(n, slots, dim)``."""
     import torch
@@ -82,7 +85,8 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
     floats = WindowEncoder(encoder, plain, batch_tokens)
     rows: list[np.ndarray] = []
     have = 0
-    with torch.inference_mode():
+    bar = progress_bar(desc="encoding the codebook sample", unit=" row", total=n, disable=not show_progress)
+    with torch.inference_mode(), bar:
         for window in windows:
             lengths = window.lengths
             offsets = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)]).astype(np.int64)
@@ -91,6 +95,7 @@ def training_sample(windows: Iterable[Window], encoder: Encoder, plan: Plan, bat
             )
             rows.append(vectors)
             have += len(vectors)
+            bar.update(min(len(vectors), max(n - bar.n, 0)))
             if have >= n:
                 break
     sample = np.concatenate(rows)[:n] if rows else np.empty((0, *floats.row_shape), np.float32)
@@ -112,13 +117,24 @@ def ensure_codebooks(staging: Path, quantization: RowCodec, train: Callable[[Row
 
 
 def train_in_process(
-    staging: Path, plan: Plan, encoder: Encoder, windows: Iterable[Window], batch_tokens: int
+    staging: Path,
+    plan: Plan,
+    encoder: Encoder,
+    windows: Iterable[Window],
+    batch_tokens: int,
+    show_progress: bool = False,
 ) -> RowCodec | None:
-    """:func:`ensure_codebooks` with the training done here, on ``encoder`` (the local engine; a Ray task)."""
+    """:func:`ensure_codebooks` with the training done here, on ``encoder`` (the local engine; a Ray task).
+    ``show_progress``: a bar for the sample's encoding and one for the training (faiss reports nothing
+    while it trains: that bar says what runs, and its time when done)."""
     quantization = plan.bound_codec(encoder.output_dim)
 
     def train(q: RowCodec) -> RowCodec:
-        return q.train(training_sample(windows, encoder, plan, batch_tokens, q.training_vectors or 0))
+        sample = training_sample(windows, encoder, plan, batch_tokens, q.training_vectors or 0, show_progress)
+        with progress_bar(desc=f"training {q.name} codebooks", unit=" step", total=1, disable=not show_progress) as bar:
+            trained = q.train(sample)
+            bar.update(1)
+        return trained
 
     return ensure_codebooks(staging, quantization, train)
 

@@ -20,7 +20,6 @@ compared with the stored ones, so a corpus that changed in the meantime is an er
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -300,7 +299,7 @@ class LocalRun:
             )
             # pq: the codebooks, trained on the corpus's first windows before any row is written (or staged before).
             windows = corpus_windows(job.source, batch_tokens * job.options.window_batches)
-            train_in_process(self.writer.staging, job.plan, self.encoder, windows, batch_tokens)
+            train_in_process(self.writer.staging, job.plan, self.encoder, windows, batch_tokens, job.options.progress)
             _run(job.source, job.plan, job.options, self.encoder, self.writer, self.began)
 
     def finish(self) -> Finished:
@@ -385,18 +384,10 @@ def _seen_sentences(writer: Writer, committed: Any) -> SeenSentences:
 
 
 def _progress_bar(source: Corpus, lines_done: int) -> Any:
-    from tqdm import tqdm
+    from elmo_cache.progress import progress_bar
 
     total = source.count_sentences() if source.is_regular_file else None
-    return tqdm(
-        total=total,
-        initial=lines_done,
-        unit=" sent",
-        desc="encoding",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        smoothing=0.05,
-    )
+    return progress_bar(total=total, initial=lines_done, unit=" sent", desc="encoding", smoothing=0.05)
 
 
 def _encode_windows(

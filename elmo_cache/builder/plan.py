@@ -18,12 +18,13 @@ import numpy as np
 
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
+from elmo_cache.encoder.names import check_device_name, check_precision_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.hub import BUNDLED
 from elmo_cache.model.identity import comparable_model, model_differences
 from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
-from elmo_cache.rows.selection import MixSpec, Selection
+from elmo_cache.rows.selection import MixSpec, Selection, check_distinct_layers
 from elmo_cache.store import Layout, Progress, infer_format
 from elmo_cache.store.format import (
     FORMAT_NAME,
@@ -181,6 +182,7 @@ class Plan:
 def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     """Check every option against the others and the corpus; raise :class:`InvalidParameterError` naming it."""
     fmt, output = _output(source, options)
+    check_distinct_layers(options.layers)
     selection = Selection.of(options.layers, options.mix)
     compression = None if options.compression in (None, "none") else options.compression
     # None: set once the model's width is known (Plan.with_model)
@@ -212,6 +214,13 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     )
 
 
+# Suffixes of other formats an output is sometimes named with; a cache written there would be a zarr
+# directory under a name that promises something else (Parquet readers would find a folder of chunks).
+_OTHER_FORMATS = frozenset(
+    {".parquet", ".arrow", ".feather", ".npy", ".npz", ".csv", ".tsv", ".json", ".jsonl", ".txt", ".pt", ".pkl"}
+)
+
+
 def _output(source: Corpus, options: BuildOptions) -> tuple[str, Path]:
     """The container's name and the cache's path: asked for, implied by the output's suffix, or the defaults."""
     if options.format is not None:
@@ -235,6 +244,13 @@ def _output(source: Corpus, options: BuildOptions) -> tuple[str, Path]:
     output = Path(options.output) if options.output is not None else default_output(source.path, fmt)  # type: ignore[arg-type]
     if source.path is not None and output.resolve() == source.path.resolve():
         raise InvalidParameterError(f"output: {output} is the corpus itself; choose another -o/--output")
+    suffix = Path(options.output).suffix.lower() if options.output is not None else ""
+    if options.format is None and suffix_format is None and suffix in _OTHER_FORMATS:
+        raise InvalidParameterError(
+            f"output: {os.fspath(options.output or '')!r} ends in {suffix!r}, another file format's suffix, but a "
+            "build writes an elmo-cache cache: zarr (a .zarr directory) or HDF5 (.h5, .hdf5). Name the output "
+            "with one of those suffixes, or pass --format zarr|hdf5 to use this path anyway"
+        )
     return fmt, output
 
 
@@ -242,10 +258,8 @@ def _check_running(options: BuildOptions) -> None:
     """The options of how the build runs (not of what it writes)."""
     if options.batch_tokens is not None and options.batch_tokens < 1:
         raise InvalidParameterError(f"batch_tokens: must be positive, got {options.batch_tokens}")
-    from elmo_cache.encoder.hardware import PRECISIONS
-
-    if options.precision not in PRECISIONS:
-        raise InvalidParameterError(f"precision: {options.precision!r} is not valid; choose from {list(PRECISIONS)}")
+    check_precision_name(options.precision)
+    check_device_name(options.device)
     if options.initial_state not in ("zero", "warm"):
         raise InvalidParameterError(
             f"initial_state: {options.initial_state!r} is not valid for a build; choose from "

@@ -76,10 +76,12 @@ def model_description(options: BuildOptions, encoder: Encoder | None) -> tuple[M
                 "encoder: initial_state 'carry' makes vectors depend on batch order; use 'zero' or 'warm'"
             )
         return ModelDescription(encoder.identity, encoder.output_dim), None
-    from elmo_cache.encoder.encoder import Encoder
     from elmo_cache.model import sources
 
+    # Resolved before the encoder module (and torch) is imported: a mistyped model fails at once.
     files = sources.resolve(options.model, options.options_file, options.weight_file)
+    from elmo_cache.encoder.encoder import Encoder
+
     # Precision and initial state as the encoders will run: both are part of the identity.
     description = Encoder.describe(files, precision=options.precision, initial_state=options.initial_state)
     return description, files

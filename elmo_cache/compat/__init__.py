@@ -7,9 +7,41 @@
 
 Stateless by default (every sentence from the zero LSTM state: the fix for 0.9's "cold start");
 ``ElmoEmbedder(..., stateful=True)`` carries state across batches as 0.9 did.
+
+The names are imported on first use: ``elmo-cache elmo --help`` reads the defaults of
+:mod:`~elmo_cache.compat.hdf5_file` without importing torch (which the embedder needs).
 """
 
-from elmo_cache.compat.embedder import ElmoEmbedder
-from elmo_cache.compat.hdf5_file import DEFAULT_BATCH_SIZE, OUTPUT_FORMATS, EmbedFileSummary
+from __future__ import annotations
 
-__all__ = ["ElmoEmbedder", "EmbedFileSummary", "DEFAULT_BATCH_SIZE", "OUTPUT_FORMATS"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from elmo_cache.compat.embedder import ElmoEmbedder as ElmoEmbedder
+    from elmo_cache.compat.hdf5_file import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
+    from elmo_cache.compat.hdf5_file import OUTPUT_FORMATS as OUTPUT_FORMATS
+    from elmo_cache.compat.hdf5_file import EmbedFileSummary as EmbedFileSummary
+
+# name -> module that defines it
+_EXPORTS = {
+    "ElmoEmbedder": "elmo_cache.compat.embedder",
+    "EmbedFileSummary": "elmo_cache.compat.hdf5_file",
+    "DEFAULT_BATCH_SIZE": "elmo_cache.compat.hdf5_file",
+    "OUTPUT_FORMATS": "elmo_cache.compat.hdf5_file",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

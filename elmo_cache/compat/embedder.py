@@ -123,6 +123,8 @@ class ElmoEmbedder:
         batch_size: int = DEFAULT_BATCH_SIZE,
         forget_sentences: bool = False,
         use_sentence_keys: bool = False,
+        *,
+        progress: bool = False,
     ) -> EmbedFileSummary:
         """Embed a file of whitespace-tokenised sentences, one per line, into an HDF5 file in the layout
         allennlp 0.9 writes (see :func:`elmo_cache.compat.hdf5_file.write_embeddings`).
@@ -133,6 +135,7 @@ class ElmoEmbedder:
         ``use_sentence_keys``: name each dataset by its sentence instead of its line number. Empty
         lines, and with sentence keys repeated sentences or a ``/`` in one, are refused before
         anything is computed, naming their lines. The output appears only once complete.
+        ``progress`` (keyword only; not in 0.9): a bar of the sentences embedded on stderr.
         """
         _check_batch_size(batch_size)
         return write_embeddings(
@@ -142,6 +145,7 @@ class ElmoEmbedder:
             output_format=output_format,
             forget_sentences=forget_sentences,
             use_sentence_keys=use_sentence_keys,
+            progress=progress,
         )
 
     def _embed_groups(self, sentences: Iterator[Sequence[str]], batch_size: int) -> Iterator[np.ndarray]:

@@ -28,7 +28,15 @@ from elmo_cache.errors import CorpusError, InvalidParameterError
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import tokenize
 
-__all__ = ["OUTPUT_FORMATS", "DEFAULT_BATCH_SIZE", "EmbedFileSummary", "write_embeddings", "read_lines"]
+__all__ = [
+    "OUTPUT_FORMATS",
+    "DEFAULT_BATCH_SIZE",
+    "EmbedFileSummary",
+    "write_embeddings",
+    "read_lines",
+    "check_paths",
+    "check_output_path",
+]
 
 OUTPUT_FORMATS = ("all", "top", "average")
 """What ``embed_file`` writes per sentence: every layer, the top one, or their mean."""
@@ -126,6 +134,22 @@ def _shape(vectors: np.ndarray, output_format: str) -> np.ndarray:
     return vectors.mean(axis=0, dtype=np.float32)
 
 
+def check_output_path(output_file_path: str | os.PathLike[str]) -> Path:
+    """``output_file_path`` as a Path, refused (naming it) when its folder is missing or it is a folder."""
+    output = Path(output_file_path)
+    if not output.parent.is_dir():
+        raise InvalidParameterError(f"output_file_path: folder {output.parent} does not exist")
+    if output.is_dir():
+        raise InvalidParameterError(f"output_file_path: {output} is a directory; name an HDF5 file")
+    return output
+
+
+def check_paths(input_file: str | os.PathLike[str], output_file_path: str | os.PathLike[str]) -> None:
+    """What :func:`write_embeddings` would refuse about its two paths, checked before a model loads."""
+    Corpus(input_file)  # raises CorpusError when the file is missing or a folder ("-" is stdin)
+    check_output_path(output_file_path)
+
+
 def write_embeddings(
     input_file: IO[Any] | str | os.PathLike[str],
     output_file_path: str | os.PathLike[str],
@@ -134,30 +158,32 @@ def write_embeddings(
     output_format: str = "all",
     forget_sentences: bool = False,
     use_sentence_keys: bool = False,
+    progress: bool = False,
 ) -> EmbedFileSummary:
     """Read ``input_file``, embed its lines with ``embed`` (token lists in, ``(3, n, dim)`` arrays out,
     in order) and write ``output_file_path`` in allennlp 0.9's layout (see the module docstring).
     The output is written beside its final name and renamed when complete; an existing file is
-    replaced, as 0.9 replaced it."""
+    replaced, as 0.9 replaced it. ``progress``: a bar of the sentences embedded on stderr
+    (:mod:`elmo_cache.progress`)."""
     import h5py
+
+    from elmo_cache.progress import progress_bar
 
     if output_format not in OUTPUT_FORMATS:
         raise InvalidParameterError(f"output_format: {output_format!r} is not one of {list(OUTPUT_FORMATS)}")
-    output = Path(output_file_path)
-    if not output.parent.is_dir():
-        raise InvalidParameterError(f"output_file_path: folder {output.parent} does not exist")
-    if output.is_dir():
-        raise InvalidParameterError(f"output_file_path: {output} is a directory; name an HDF5 file")
+    output = check_output_path(output_file_path)
     name, sentences = read_lines(input_file)
     _check_lines(name, sentences, use_sentence_keys)
     keep_index = not forget_sentences and not use_sentence_keys
     tmp = output.with_name(output.name + ".tmp")
     try:
-        with h5py.File(tmp, "w") as f:
+        bar = progress_bar(total=len(sentences), desc="embedding", unit=" sent", disable=not progress)
+        with h5py.File(tmp, "w") as f, bar:
             vectors = embed([tokenize(sentence) for sentence in sentences])
             for number, (sentence, embedded) in enumerate(zip(sentences, vectors, strict=True)):
                 key = sentence if use_sentence_keys else str(number)
                 f.create_dataset(key, data=np.asarray(_shape(embedded, output_format), dtype=np.float32))
+                bar.update(1)
             if keep_index:
                 mapping = {sentence: str(number) for number, sentence in enumerate(sentences)}
                 index = f.create_dataset(SENTENCE_TO_INDEX, (1,), dtype=h5py.special_dtype(vlen=str))

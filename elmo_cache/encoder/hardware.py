@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from elmo_cache.encoder.names import PRECISION_NAMES, check_device_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.options import ModelOptions
 
@@ -27,7 +28,7 @@ __all__ = [
     "default_fuse_cell",
 ]
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = dict(zip(PRECISION_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 # Models with at least this many LSTM cells get the compiled (fused) cell by default: the
 # one-off compile (seconds) pays back within the first batches; tiny models never recoup it.
 FUSE_MIN_LSTM_DIM = 1024
@@ -37,6 +38,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """``device`` (None: CUDA when available, else the CPU) as a torch device that exists here."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, str):
+        check_device_name(device)
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):

@@ -19,9 +19,10 @@ class ModelFiles:
     # The weights HDF5 (bilm-tf layout).
     weight_file: Path
     # The source that produced it (its ``origin``): "bundled", "published", "directory", "files",
-    # "elmoformanylangs" or "elmoformanylangs-published".
+    # "elmoformanylangs", "elmoformanylangs-published" or "nlpl".
     origin: str
-    # For origin "directory": the folder the model was named by, recorded so that `serve` finds it again.
+    # For origins "directory" and "nlpl": the folder the model was named by (for an NLPL zip, the folder it
+    # was unpacked into), recorded so that `serve` finds it again.
     directory: Path | None = None
     # The files' layout (elmo_cache.model.formats): "bilm-tf", or "elmoformanylangs" (a HIT-SCIR model
     # directory: options_file is its config.json, weight_file its encoder.pkl, the others beside them).

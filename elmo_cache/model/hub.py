@@ -167,9 +167,16 @@ def local_paths(model: PublishedModel) -> tuple[Path, Path]:
 def download(model: PublishedModel) -> tuple[Path, Path]:
     """The options and weights of a published model, downloaded once into :func:`models_dir`."""
     directory = models_dir() / model.name
+    existed = directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
     (options_url, options_sha), (weights_url, weights_sha) = model.files()
-    return (
-        _download(options_url, options_sha, directory, model),
-        _download(weights_url, weights_sha, directory, model),
-    )
+    try:
+        return (
+            _download(options_url, options_sha, directory, model),
+            _download(weights_url, weights_sha, directory, model),
+        )
+    except ModelDownloadError:
+        # An empty folder left by a failed (offline) first download would look like a model being there.
+        if not existed and not any(directory.iterdir()):
+            directory.rmdir()
+        raise

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from elmo_cache.model.options import ModelOptions
-from elmo_cache.model.weights import weight_shapes, write_weight_file
 
 __all__ = ["PRESETS", "preset_options", "random_weights", "write_random_model", "write_placeholder_bundle"]
 
@@ -90,6 +89,9 @@ def write_random_model(
     clips while the token embeddings keep a realistic size. Returns
     ``(options_path, weights_path)``.
     """
+    # Imported here: weights imports torch, and PRESETS alone (elmo-cache train --preset) must not.
+    from elmo_cache.model.weights import write_weight_file
+
     if isinstance(options, str):
         options = preset_options(options)
     directory = Path(directory)
@@ -105,6 +107,8 @@ def random_weights(
     options: ModelOptions, *, seed: int = 0, scale: float = 1.0, lstm_scale: float = 1.0
 ) -> dict[str, np.ndarray]:
     """Every dataset of the weight file, drawn as :func:`write_random_model` describes."""
+    from elmo_cache.model.weights import weight_shapes
+
     rng = np.random.default_rng(seed)
     datasets = {}
     for dataset, shape in weight_shapes(options).items():

@@ -13,6 +13,7 @@ Adding a source (another model format, another hub) is one class with the three 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "locate",
 ]
 
+_log = logging.getLogger("elmo_cache.model")
 
 ModelSpec = str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | ModelFiles | None
 """What :meth:`Encoder.load <elmo_cache.Encoder.load>` takes: a name, a directory, an
@@ -112,6 +114,27 @@ def _bundled_files() -> ModelFiles:
     return ModelFiles(hub.BUNDLED, options, weights, "bundled")
 
 
+_announced: list[str] = []
+
+
+def _announce_default(files: ModelFiles) -> None:
+    """Say once per process which model loads when none was named: allennlp's tools loaded the Original
+    (1024-d) in that case, so code ported from them would otherwise change model without a word."""
+    if _announced:
+        return
+    from elmo_cache.model.options import ModelOptions
+
+    dim = ModelOptions.from_file(files.options_file).output_dim
+    _announced.append(files.name)
+    _log.warning(
+        "no model named: loading elmo-cache's bundled model %r (3 layers of %d-d vectors, a small English model "
+        "shipped with the package), not allennlp's default, the Original ELMo (1024-d); for that pass "
+        "--model original (Python: model='original', or your options and weight files)",
+        files.name,
+        dim,
+    )
+
+
 def _find_in_directory(directory: Path) -> tuple[Path, Path]:
     options = sorted(directory.glob("*options*.json"))
     weights = sorted(directory.glob("*weights*.hdf5")) or sorted(directory.glob("*weights*.h5"))
@@ -152,7 +175,10 @@ class BundledSource:
         return request.model is None or request.model.lower() == hub.BUNDLED
 
     def resolve(self, request: ModelRequest) -> ModelFiles:
-        return _bundled_files()
+        files = _bundled_files()
+        if request.model is None:
+            _announce_default(files)
+        return files
 
     def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
         try:
@@ -280,7 +306,8 @@ class EfmlSource:
 
     origin = "elmoformanylangs"
 
-    def _files(self, path: Path) -> ModelFiles:
+    def files(self, path: Path) -> ModelFiles:
+        """The files of the ELMoForManyLangs model directory ``path``."""
         # The source's origin is also the format's name (elmo_cache.model.formats.EFML).
         return ModelFiles(
             path.name, path / "config.json", path / "encoder.pkl", self.origin, directory=path, format=self.origin
@@ -293,7 +320,7 @@ class EfmlSource:
 
     def resolve(self, request: ModelRequest) -> ModelFiles:
         assert request.model is not None
-        return self._files(Path(request.model).expanduser().resolve())
+        return self.files(Path(request.model).expanduser().resolve())
 
     def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
         from elmo_cache.model import efml
@@ -304,10 +331,54 @@ class EfmlSource:
         path = Path(directory)
         if not efml.is_model_dir(path):
             return None, f"its directory {directory} no longer holds an ELMoForManyLangs model"
-        return self._files(path), f"its directory {directory} now holds another ELMoForManyLangs model"
+        return self.files(path), f"its directory {directory} now holds another ELMoForManyLangs model"
 
     def describe(self) -> str:
         return "an ELMoForManyLangs model directory"
+
+
+class NlplSource:
+    """An NLPL / simple_elmo model (:mod:`elmo_cache.model.nlpl`): a directory of ``options.json`` and
+    ``model.hdf5``, or its ``.zip`` as the NLPL repository distributes it (unpacked once, safely, into the
+    model cache; an archive holding an ELMoForManyLangs directory loads as one)."""
+
+    origin = "nlpl"
+
+    def claims(self, request: ModelRequest) -> bool:
+        from elmo_cache.model import nlpl
+
+        if request.model is None:
+            return False
+        path = Path(request.model).expanduser()
+        return nlpl.is_archive(path) or (path.is_dir() and nlpl.is_model_dir(path))
+
+    def resolve(self, request: ModelRequest) -> ModelFiles:
+        from elmo_cache.model import efml, nlpl
+
+        assert request.model is not None
+        path = Path(request.model).expanduser()
+        if nlpl.is_archive(path):
+            directory, name = nlpl.unpacked(path), path.stem
+            if efml.is_model_dir(directory):
+                return EfmlSource().files(directory)
+        else:
+            directory, name = path.resolve(), path.name
+        options, weights = nlpl.model_files(directory)
+        return ModelFiles(name, options, weights, self.origin, directory=directory)
+
+    def candidate(self, recorded: Mapping[str, Any]) -> tuple[ModelFiles | None, str]:
+        from elmo_cache.model import nlpl
+
+        directory = recorded.get("directory")
+        if not isinstance(directory, str) or not nlpl.is_model_dir(Path(directory)):
+            return None, ""
+        path = Path(directory)
+        options, weights = nlpl.model_files(path)
+        files = ModelFiles(str(recorded.get("name") or path.name), options, weights, self.origin, directory=path)
+        return files, f"its directory {directory} now holds another NLPL model"
+
+    def describe(self) -> str:
+        return "an NLPL / simple_elmo directory (options.json + model.hdf5) or its .zip"
 
 
 _SOURCES: list[ModelSource] = [
@@ -316,6 +387,7 @@ _SOURCES: list[ModelSource] = [
     PublishedSource(),
     EfmlPublishedSource(),
     EfmlSource(),
+    NlplSource(),
     DirectorySource(),
 ]
 

@@ -311,9 +311,15 @@ def nonfinite_rows(values: np.ndarray) -> np.ndarray | None:
     return ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
 
 
-def pad_floats(arrays: Sequence[Any], max_tokens: int) -> torch.Tensor:
-    """A zero-padded float32 batch of float sentences ``(n_layers, n_tokens, dim)`` or ``(n_tokens, dim)``."""
+def pad_floats(arrays: Sequence[Any], max_tokens: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A zero-padded batch of float sentences ``(n_layers, n_tokens, dim)`` or ``(n_tokens, dim)``, in
+    ``dtype`` (default float32): each sentence cast once, straight into the batch."""
     import torch
+
+    dtype = torch.float32 if dtype is None else dtype
+    if dtype not in (torch.float16, torch.float32, torch.float64):
+        # No numpy view of bfloat16 to cast into: pad in float32, then one cast.
+        return pad_floats(arrays, max_tokens).to(dtype)
 
     first = arrays[0]
     layered = first.ndim == 3
@@ -323,7 +329,7 @@ def pad_floats(arrays: Sequence[Any], max_tokens: int) -> torch.Tensor:
         if layered
         else (len(arrays), max_tokens, first.shape[-1])
     )
-    vectors = torch.zeros(shape, dtype=torch.float32)
+    vectors = torch.zeros(shape, dtype=dtype)
     out = vectors.numpy()  # one cast-and-copy per sentence, straight from the rows read
     per_token = first.shape[:token_axis] + first.shape[token_axis + 1 :]
     for b, array in enumerate(arrays):

@@ -26,7 +26,15 @@ from elmo_cache.store.format import LAYER_IDS
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ALL_LAYERS", "parse_layers", "parse_floats", "MixSpec", "Selection", "PARAMETER_NAMES"]
+__all__ = [
+    "ALL_LAYERS",
+    "parse_layers",
+    "check_distinct_layers",
+    "parse_floats",
+    "MixSpec",
+    "Selection",
+    "PARAMETER_NAMES",
+]
 
 ALL_LAYERS = LAYER_IDS
 
@@ -65,6 +73,23 @@ def parse_layers(value: str | Iterable[int] | None, *, n_layers: int = 3, parame
             raise InvalidParameterError(f"{parameter}: layer {layer} does not exist; choose from {list(valid)}")
         layers.add(layer)
     return tuple(sorted(layers))
+
+
+def check_distinct_layers(value: str | Iterable[int] | None, *, parameter: str = "layers") -> None:
+    """Refuse a layer listed twice (``"1,1"``): a build that stores the layers asked for must not quietly store
+    fewer. (Reading and serving take ``"1,1"`` as ``"1"``: asking twice for a layer there changes nothing.)"""
+    if value is None:
+        return
+    items = [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else list(value)
+    seen: set[str] = set()
+    for item in items:
+        key = str(item).strip()
+        if key in seen:
+            raise InvalidParameterError(
+                f"{parameter}: layer {key} is listed twice in {value if isinstance(value, str) else list(value)!r}; "
+                "list each layer to store once (choose from [0, 1, 2])"
+            )
+        seen.add(key)
 
 
 def parse_floats(value: str | Sequence[float], *, count: int, parameter: str) -> tuple[float, ...]:

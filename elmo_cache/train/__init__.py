@@ -1,8 +1,43 @@
-"""Pretraining ELMo biLMs in PyTorch, writing the bilm-tf file layout (``elmo-cache train``)."""
+"""Pretraining ELMo biLMs in PyTorch, writing the bilm-tf file layout (``elmo-cache train``).
 
-from elmo_cache.train.api import train
-from elmo_cache.train.config import TrainOptions, TrainResult
-from elmo_cache.train.evaluate import PerplexityResult, perplexity
-from elmo_cache.train.presets import TRAIN_PRESETS
+The names are imported on first use, so that ``elmo-cache train --help`` and its option errors
+need no torch (the training itself does).
+"""
 
-__all__ = ["train", "TrainOptions", "TrainResult", "perplexity", "PerplexityResult", "TRAIN_PRESETS"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from elmo_cache.train.api import train as train
+    from elmo_cache.train.config import TrainOptions as TrainOptions
+    from elmo_cache.train.config import TrainResult as TrainResult
+    from elmo_cache.train.evaluate import PerplexityResult as PerplexityResult
+    from elmo_cache.train.evaluate import perplexity as perplexity
+    from elmo_cache.train.presets import TRAIN_PRESETS as TRAIN_PRESETS
+
+# name -> module that defines it
+_EXPORTS = {
+    "train": "elmo_cache.train.api",
+    "TrainOptions": "elmo_cache.train.config",
+    "TrainResult": "elmo_cache.train.config",
+    "perplexity": "elmo_cache.train.evaluate",
+    "PerplexityResult": "elmo_cache.train.evaluate",
+    "TRAIN_PRESETS": "elmo_cache.train.presets",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -8,7 +8,10 @@ from typing import Any
 
 from elmo_cache.errors import InvalidParameterError
 
-__all__ = ["TrainOptions", "TrainResult"]
+__all__ = ["TrainOptions", "TrainResult", "PERPLEXITY_MODES"]
+
+PERPLEXITY_MODES = ("stream", "sentence", "warm")
+"""How ``perplexity`` runs the LSTM over a text (elmo_cache.train.evaluate); here, where no torch is needed."""
 
 
 @dataclass(frozen=True)
@@ -131,3 +134,5 @@ class TrainResult:
     resumed_from_step: int
     finished: bool
     history: list[dict[str, float]] = field(default_factory=list)
+    # The signal (SIGTERM or SIGINT) that stopped the run after a checkpoint, or None.
+    stopped_by: str | None = None

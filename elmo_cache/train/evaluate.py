@@ -25,6 +25,7 @@ from elmo_cache.encoder.hardware import resolve_device
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.chars import sentence_char_ids
 from elmo_cache.train.bilm import TrainableBiLM
+from elmo_cache.train.config import PERPLEXITY_MODES
 from elmo_cache.train.data import StreamBatch, TokenizedCorpus
 from elmo_cache.train.files import load_trained_model
 from elmo_cache.train.softmax import full_softmax_loss
@@ -35,7 +36,7 @@ __all__ = ["PerplexityResult", "perplexity", "warm_state", "MODES"]
 # stream: state carried across sentences in file order (as bilm-tf trains); sentence: every
 # sentence from the zero state (the encoder's default); warm: every sentence from the encoder's
 # "warm" state (the state reached after reading WARMUP_TEXT).
-MODES = ("stream", "sentence", "warm")
+MODES = PERPLEXITY_MODES
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ batch to batch.
 Resuming: a checkpoint (model, optimizer, LSTM state, data position, every RNG) is
 written every few minutes by rename, so a run killed at any moment (kill -9
 included) continues from the last one when the same command runs again, and takes
-the same steps an uninterrupted run would have taken.
+the same steps an uninterrupted run would have taken. SIGTERM (what schedulers send
+before they kill) and SIGINT (Ctrl-C) during the steps do not lose the minutes since:
+the step in flight finishes, a checkpoint is written and the run returns, stopped
+(``TrainResult.stopped_by``); a second signal acts at once, as it would have.
 
 Data parallel (``nproc``, or started by torchrun): see :mod:`elmo_cache.train.distributed`
 for what a step of N processes is; rank 0 writes the checkpoint and the model files.
@@ -20,15 +23,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.options import ModelOptions
+from elmo_cache.progress import progress_bar
 from elmo_cache.threads import THREADS_ENV, apply_threads, usable_cpus
 from elmo_cache.train.bilm import TrainableBiLM
 from elmo_cache.train.checkpoint import CHECKPOINT_FILE, cpu_name, write_checkpoint
@@ -95,6 +102,38 @@ class _Window:
         return mean
 
 
+class _Signals:
+    """SIGTERM and SIGINT while the steps run: the first is noted (the loop checkpoints and stops after the
+    step in flight) and puts the previous handlers back, so that a second one acts as it would have (SIGINT:
+    KeyboardInterrupt; SIGTERM: the process ends, the last checkpoint kept). Python sets handlers only in the
+    main thread: elsewhere (a library caller's thread) the signals keep their handlers."""
+
+    WATCHED = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.WATCHED:
+                self._previous[signum] = signal.signal(signum, self._note)
+        return self
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum)
+        self._restore()
+        log.warning("%s received: checkpointing after this step, then stopping", self.received.name)
+
+    def _restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+
 class _Run:
     """One rank's training run: the model and its optimizer, the data, the position, and the steps
     (:meth:`train`) between checkpoints (:meth:`save`)."""
@@ -135,6 +174,7 @@ class _Run:
                 self.loss_of, device_ids=[self.device] if self.device.type == "cuda" else None
             )
         self.started = time.monotonic()
+        self.signals = _Signals()
 
     def _batches_per_epoch(self, corpus: str | os.PathLike[str]) -> int:
         options, group, data = self.options, self.group, self.data
@@ -254,24 +294,30 @@ class _Run:
         decide = self.group.is_main
         due = decide and now - last_save >= options.checkpoint_seconds
         stop = decide and options.time_limit is not None and now - self.started >= options.time_limit
+        # Any rank's signal stops every rank at this step (torchrun forwards SIGTERM to each).
+        stop = stop or self.signals.received is not None
         report = torch.tensor([loss.item(), float(due), float(stop)], dtype=torch.float64, device=self.device)
         value, due_votes, stop_votes = self.group.all_reduce_sum(report).tolist()
         return value, due_votes > 0, stop_votes > 0
 
     def train(self) -> TrainResult:
-        """Steps until ``total_steps``, the last epoch or the time limit, saving every ``checkpoint_seconds``."""
-        from tqdm.auto import tqdm
-
+        """Steps until ``total_steps``, the last epoch, the time limit or SIGTERM/SIGINT, saving every
+        ``checkpoint_seconds`` and at the end."""
         options, at = self.options, self.position
         self.started = time.monotonic()
         last_save = self.started
         tokens_at_start = at.tokens
         show = options.progress and self.group.is_main
-        bar = tqdm(total=self.total_steps, initial=at.step, disable=not show, unit="step", dynamic_ncols=True)
+        bar = progress_bar(total=self.total_steps, initial=at.step, disable=not show, unit="step", desc="training")
         self.params = [p for p in self.model.parameters()]
         window = _Window()
-        stopped_early = False
         self.model.train()
+        with self.signals:
+            return self._train(bar, window, last_save, tokens_at_start)
+
+    def _train(self, bar: Any, window: _Window, last_save: float, tokens_at_start: int) -> TrainResult:
+        options, at = self.options, self.position
+        stopped_early = False
         try:
             while at.step < self.total_steps and at.epoch < options.epochs:
                 for batch in self.data.epoch_batches(
@@ -330,6 +376,7 @@ class _Run:
             resumed_from_step=self.resumed_from,
             finished=at.step >= self.total_steps,
             history=at.history,
+            stopped_by=None if self.signals.received is None else self.signals.received.name,
         )
 
 

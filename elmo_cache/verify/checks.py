@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
+from elmo_cache.progress import progress_bar
 from elmo_cache.rows.codecs import codec_of_metadata, nonfinite_rows, stored_row_shape
 from elmo_cache.store import open_cache_arrays, open_with_library
 from elmo_cache.store.blocksums import sums_digest
@@ -55,8 +56,11 @@ def verify(
     weight_file: str | os.PathLike[str] | None = None,
     device: str | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> VerifyReport:
     """Check the cache at ``path``; with ``sample`` > 0 re-encode that many random sentences.
+    ``progress``: a bar per long phase on stderr (checksums, the vectors' scan, the corpus, the sample;
+    :mod:`elmo_cache.progress`).
 
     Returns a :class:`VerifyReport` listing what passed and every problem found. Raises
     only when ``path`` is missing or unreadable, or when a sample is asked for without a
@@ -81,7 +85,10 @@ def verify(
             )
             return report
         if version >= 2:
-            _check_checksums(fmt, path, meta, arrays, report)
+            # One step: the container checks its files itself; the bar says what runs and how long it took.
+            with progress_bar(desc="checking checksums", unit=" check", total=1, disable=not progress) as bar:
+                _check_checksums(fmt, path, meta, arrays, report)
+                bar.update(1)
         else:
             report.notes.append(
                 "format 1: no checksums (bit flips not detectable) and no stored text (the index is checked "
@@ -95,7 +102,7 @@ def verify(
             report.problems.append(f"cannot read the arrays ({type(exc).__name__}: {exc})")
         if report.problems:
             return report
-        _check_finite(meta, arrays, report)
+        _check_finite(meta, arrays, report, progress)
         check_pooled(meta, arrays, report)
         if report.problems:
             return report
@@ -117,6 +124,7 @@ def verify(
                 sample,
                 seed,
                 None if stored is None else stored[0],
+                progress,
             )
         elif stored is not None:
             tokens = sampled_tokens(stored[1], np.asarray(arrays["lengths"][:]), sample, seed)
@@ -127,7 +135,7 @@ def verify(
                     "sample: re-encoding needs the sentence text; this format-1 cache stores none: pass --corpus"
                 )
         if sample and tokens and not report.problems:
-            check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device)
+            check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device, progress)
         return report
     finally:
         close()
@@ -281,7 +289,7 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
 _FINITE_BLOCK_ROWS = 1 << 16
 
 
-def _check_finite(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
+def _check_finite(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport, progress: bool = False) -> None:
     """The first sentence whose stored vectors read back with a value that is not finite (a float16 overflow, an
     int8 scale of inf: builds before the build refused them wrote such caches, and a reader returns them)."""
     vectors = arrays["vectors"]
@@ -289,10 +297,13 @@ def _check_finite(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyRe
     if not n_rows:
         return
     codec = codec_of_metadata(meta).with_arrays(arrays, "verify")
+    bar = progress_bar(desc="scanning vectors", unit=" row", total=n_rows, disable=not progress)
     for start in range(0, n_rows, _FINITE_BLOCK_ROWS):
         bad = nonfinite_rows(codec.decode(np.asarray(vectors[start : start + _FINITE_BLOCK_ROWS])))
+        bar.update(min(_FINITE_BLOCK_ROWS, n_rows - start))
         if bad is None:
             continue
+        bar.close()
         row = start + int(np.flatnonzero(bad)[0])
         offsets = np.asarray(arrays["offsets"][:], dtype=np.int64)
         lengths = np.asarray(arrays["lengths"][:], dtype=np.int64)
@@ -303,6 +314,7 @@ def _check_finite(meta: dict[str, Any], arrays: dict[str, Any], report: VerifyRe
             "elmo-cache refuses such values and names the option that overflowed)"
         )
         return
+    bar.close()
 
 
 def _check_tokens(
@@ -404,15 +416,31 @@ def _check_corpus(
     sample: int,
     seed: int,
     stored: np.ndarray | None,
+    progress: bool = False,
 ) -> dict[int, list[str]]:
     lengths = np.asarray(arrays["lengths"][:])
     n = len(lengths)
-    chosen = choose(lengths, sample, seed)
+    with progress_bar(desc="reading the corpus", unit=" line", total=n, disable=not progress) as bar:
+        return _corpus_lines(source, meta, arrays, report, lengths, choose(lengths, sample, seed), stored, bar)
+
+
+def _corpus_lines(
+    source: Corpus,
+    meta: dict[str, Any],
+    arrays: dict[str, Any],
+    report: VerifyReport,
+    lengths: np.ndarray,
+    chosen: set[int],
+    stored: np.ndarray | None,
+    bar: Any,
+) -> dict[int, list[str]]:
+    n = len(lengths)
     tokens: dict[int, list[str]] = {}
     line_hashes = np.empty(n, dtype=np.uint64)
     count = 0
     for number, sentence in source.sentences():
         count = number + 1
+        bar.update(1)
         if number >= n:
             continue
         if len(sentence) != lengths[number]:

@@ -13,6 +13,7 @@ import numpy as np
 
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import model_differences
+from elmo_cache.progress import progress_bar
 from elmo_cache.rows.codecs import codec_of_metadata
 from elmo_cache.rows.selection import Selection
 from elmo_cache.store.format import TEXT_ENCODING
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from elmo_cache.verify.report import VerifyReport
 
 __all__ = ["tolerance", "sampled_tokens", "choose", "load_model", "check_sample"]
+
+
+# Sentences re-encoded per call: a bar that moves, and the encoder's own batching within each call.
+_SAMPLE_BATCH = 64
 
 
 def tolerance(dtype: str, precision: str) -> tuple[float, float]:
@@ -99,6 +104,7 @@ def check_sample(
     options_file: Any,
     weight_file: Any,
     device: str | None,
+    progress: bool = False,
 ) -> None:
     if encoder is None:
         encoder = load_model(meta, model, options_file, weight_file, device)
@@ -108,7 +114,12 @@ def check_sample(
         report.problems.append(f"the model given differs from the one that built the cache ({differences[0]})")
         return
     lines = sorted(tokens)
-    references = encoder.embed_batch([tokens[i] for i in lines])
+    references = []
+    with progress_bar(desc="re-encoding the sample", unit=" sent", total=len(lines), disable=not progress) as bar:
+        for start in range(0, len(lines), _SAMPLE_BATCH):
+            chunk = lines[start : start + _SAMPLE_BATCH]
+            references += encoder.embed_batch([tokens[i] for i in chunk])
+            bar.update(len(chunk))
     atol, rtol = tolerance(meta["dtype"], stored_model.get("precision", "fp32"))
     offsets = arrays["offsets"]
     lengths = arrays["lengths"]

@@ -59,12 +59,21 @@ def test_the_format_comes_from_the_suffix_or_the_option_and_they_must_agree(corp
         (BuildOptions(quantize="pq:4", codebook_sample=0), "codebook_sample: 0 is not a positive number"),
         (BuildOptions(pool_only=True), r"pool_only: --pool-only .* needs --pool \(one of \["),
         (BuildOptions(input_format="tsv"), "input_format: the options say 'tsv' but the corpus given was opened as"),
+        (BuildOptions(output="x.parquet"), r"output: 'x.parquet' ends in '\.parquet', another file format's suffix"),
+        (BuildOptions(output="v.npy"), r"Name the output with one of those suffixes, or pass --format"),
+        (BuildOptions(layers="1,1"), r"layers: layer 1 is listed twice in '1,1'"),
+        (BuildOptions(layers=(2, 0, 2)), r"layers: layer 2 is listed twice in \[2, 0, 2\]"),
     ],
 )
 def test_each_bad_option_is_refused_by_name_before_anything_is_written(corpus, tmp_path, options, message):
     with pytest.raises(InvalidParameterError, match=message):
         make_plan(corpus, options)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["news.txt"]
+
+
+def test_another_format_s_suffix_is_taken_when_the_format_is_named_and_dotted_names_pass(corpus, tmp_path):
+    assert make_plan(corpus, BuildOptions(output=tmp_path / "x.parquet", format="zarr")).format == "zarr"
+    assert make_plan(corpus, BuildOptions(output=tmp_path / "news.v2")).format == "zarr"
 
 
 def test_the_corpus_is_never_its_own_output_and_stdin_needs_an_output(corpus, tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -252,3 +254,31 @@ def test_cuda_device_matches_the_cpu(tiny_model, stateful):
     for got, expected in zip(gpu.embed_batch(SENTENCES), cpu.embed_batch(SENTENCES)):
         assert isinstance(got, np.ndarray)
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_without_a_model_it_says_once_per_process_that_it_loads_the_bundled_one(tmp_path):
+    """allennlp's ElmoEmbedder() loaded the Original (1024-d): the bundled default is said, once, on stderr."""
+    code = (
+        "from elmo_cache.compat import ElmoEmbedder\n"
+        "a = ElmoEmbedder()\n"
+        "b = ElmoEmbedder(model='bundled')\n"
+        "c = ElmoEmbedder()\n"
+        "print(a.output_dim, c.output_dim)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["256", "256"]
+    notices = [line for line in done.stderr.splitlines() if line.startswith("no model named")]
+    assert len(notices) == 1, done.stderr
+    assert "bundled model 'bundled' (3 layers of 256-d vectors" in notices[0]
+    assert "Original ELMo (1024-d)" in notices[0] and "--model original" in notices[0]
+
+
+def test_a_named_model_says_nothing(tmp_path, tiny_model):
+    code = (
+        "import sys\nfrom elmo_cache.compat import ElmoEmbedder\n"
+        "ElmoEmbedder(model='bundled'); ElmoEmbedder(sys.argv[1], sys.argv[2])\n"
+    )
+    command = [sys.executable, "-c", code, str(tiny_model[0]), str(tiny_model[1])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and "no model named" not in done.stderr, done.stderr

@@ -85,3 +85,17 @@ def test_every_published_model_has_both_files_or_neither_pinned():
         assert (model.options_sha256 is None) == (model.weights_sha256 is None), model.name
         for sha in (model.options_sha256, model.weights_sha256):
             assert sha is None or (len(sha) == 64 and int(sha, 16) >= 0)
+
+
+def test_a_failed_first_download_leaves_no_empty_folder(tmp_path, monkeypatch):
+    """Offline, a first download fails before any file arrives: no empty model folder stays behind."""
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(hub, "_BASE_URL", f"http://127.0.0.1:{port}/models/elmo")
+    monkeypatch.setenv("ELMO_CACHE_MODELS", str(tmp_path / "models"))
+    with pytest.raises(ModelDownloadError, match="could not download the 'small' ELMo model"):
+        sources.resolve("small")
+    assert not (tmp_path / "models" / "small").exists()

@@ -118,3 +118,124 @@ def test_dataset_indices_are_sentence_numbers(layered):
     with elmo_cache.open(layered) as cache:
         np.testing.assert_array_equal(vectors, cache[4])
     assert label == 4
+
+
+# -- issue 35, item 8: named fields, collate's dtype, the bucketing sampler --------------------------
+
+
+def test_fields_by_name_come_back_by_name_and_still_by_position(layered):
+    labels = torch.arange(len(LINES)) % 3
+    ids = [f"s{i}" for i in range(len(LINES))]
+    ds = CacheDataset(layered, labels=labels, ids=ids)
+    item = ds[6]
+    assert set(item) == {"vectors", "labels", "ids"} and item["ids"] == "s6"
+    batch = collate([ds[i] for i in (40, 6, 1)])
+    assert torch.equal(batch.labels, labels[[40, 6, 1]]) and batch.ids == ["s40", "s6", "s1"]
+    assert torch.equal(batch.fields["labels"], batch.fields[0]) and batch.fields.as_dict()["ids"] == batch.ids
+    vectors, mask, lengths, fields = batch  # the 4-tuple of before still unpacks
+    assert vectors is batch.vectors and mask is batch.mask
+    assert lengths.tolist() == [0, 8, 3] and fields.names == ("labels", "ids")
+    moved = batch.to("cpu")
+    assert moved.ids == batch.ids and torch.equal(moved.labels, batch.labels)
+    with pytest.raises(AttributeError, match=r"no attribute 'label'; its named fields are \['labels', 'ids'\]"):
+        batch.label  # noqa: B018
+    with pytest.raises(KeyError, match="'label': not a field of this batch"):
+        batch.fields["label"]
+    assert collate([CacheDataset(layered, labels)[i] for i in (1, 2)]).fields.names == ()
+
+
+def test_named_fields_travel_through_workers(layered):
+    ds = CacheDataset(layered, labels=torch.arange(len(LINES)))
+    loader = DataLoader(ds, batch_size=5, collate_fn=collate, num_workers=2, multiprocessing_context="fork")
+    batches = list(loader)
+    assert torch.equal(torch.cat([b.labels for b in batches]), torch.arange(len(LINES)))
+
+
+def test_field_names_are_checked(layered):
+    labels = list(range(len(LINES)))
+    with pytest.raises(InvalidParameterError, match=r"'mask' cannot name a field.*reserved names are \['vectors'"):
+        CacheDataset(layered, mask=labels)
+    with pytest.raises(InvalidParameterError, match="by position or by name, not both"):
+        CacheDataset(layered, labels, ids=labels)
+    with pytest.raises(InvalidParameterError, match=r"extra field ids has 3 items but cache .* has 42"):
+        CacheDataset(layered, ids=[1, 2, 3])
+
+
+def test_collate_keeps_float16_when_asked_and_casts_to_any_float(layered, mixed):
+    ds = CacheDataset(layered)
+    items = [ds[i] for i in (40, 6, 1)]
+    default = collate(items)
+    stored = collate(items, dtype="stored")
+    assert default.vectors.dtype == torch.float32 and stored.vectors.dtype == torch.float16
+    for b, array in enumerate(items):
+        n = array.shape[1]
+        np.testing.assert_array_equal(stored.vectors[b, :, :n].numpy(), array)  # the stored bits, not a round trip
+        assert not stored.vectors[b, :, n:].any()
+    assert torch.equal(stored.vectors.float(), default.vectors)
+    bf16 = collate(items, dtype=torch.bfloat16)
+    assert bf16.vectors.dtype == torch.bfloat16
+    assert torch.equal(bf16.vectors, default.vectors.to(torch.bfloat16))
+    assert collate([CacheDataset(mixed)[0]], dtype="stored").vectors.dtype == torch.float32  # a float32 cache
+    with pytest.raises(InvalidParameterError, match=r"dtype: torch.int8 is not a choice; use 'stored'"):
+        collate(items, dtype=torch.int8)
+
+
+def test_collate_dtype_on_a_quantised_cache(tmp_path):
+    options, weights = write_random_model(tmp_path / "model", "tiny", seed=5)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(LINES[:6]) + "\n", encoding="utf-8")
+    options_ = BuildOptions(output=tmp_path / "q.zarr", quantize="int8", progress=False, device="cpu")
+    path = build(corpus, options_, encoder=Encoder.load((options, weights), device="cpu")).path
+    ds = CacheDataset(path)
+    items = [ds[i] for i in range(3)]
+    decoded = collate(items)
+    assert collate(items, dtype="stored").vectors.dtype == torch.float32  # codes decode to float32
+    assert torch.equal(collate(items, dtype=torch.float16).vectors, decoded.vectors.half())
+
+
+def _padding(lengths, batches):
+    return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches)
+
+
+def test_bucketing_covers_every_sentence_once_with_less_padding(layered):
+    from elmo_cache import BucketBatchSampler
+
+    lengths = np.random.default_rng(0).integers(0, 60, size=1000)
+    sampler = BucketBatchSampler(lengths, batch_size=16, pool_batches=10, seed=3)
+    epoch0, epoch1 = list(sampler), list(sampler)
+    for batches in (epoch0, epoch1):
+        assert sorted(i for b in batches for i in b) == list(range(1000))
+        assert all(len(b) <= 16 for b in batches) and len(batches) == len(sampler) == 63
+    assert epoch0 != epoch1  # each iteration is the next epoch
+    sampler.set_epoch(0)
+    assert list(sampler) == epoch0  # an epoch's batches depend on the seed and the epoch only
+    random_batches = [list(range(i, min(i + 16, 1000))) for i in range(0, 1000, 16)]
+    assert _padding(lengths, epoch0) * 5 < _padding(lengths, random_batches)
+    dropped = BucketBatchSampler(lengths, batch_size=16, pool_batches=10, drop_last=True)
+    assert len(list(dropped)) == len(dropped) == 62 and all(len(b) == 16 for b in dropped)
+    fixed = BucketBatchSampler(lengths, batch_size=16, shuffle=False)
+    assert list(fixed) == list(fixed)
+
+
+def test_bucketing_reads_a_cache_s_lengths_and_feeds_a_dataloader(layered):
+    from elmo_cache import BucketBatchSampler
+
+    ds = CacheDataset(layered, labels=torch.arange(len(LINES)))
+    sampler = BucketBatchSampler(ds, batch_size=4, seed=1)
+    with elmo_cache.open(layered) as cache:
+        assert sampler.lengths.tolist() == cache.lengths.tolist()
+        assert BucketBatchSampler(layered, batch_size=4).lengths.tolist() == cache.lengths.tolist()
+    sampler.set_epoch(5)
+    serial = list(DataLoader(ds, batch_sampler=sampler, collate_fn=collate))
+    sampler.set_epoch(5)
+    parallel = list(
+        DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2, multiprocessing_context="fork")
+    )
+    assert [b.labels.tolist() for b in serial] == [b.labels.tolist() for b in parallel]
+    assert sorted(torch.cat([b.labels for b in serial]).tolist()) == list(range(len(LINES)))
+    for batch in serial:
+        assert batch.lengths.tolist() == [len(tokenize(LINES[i])) for i in batch.labels.tolist()]
+    with pytest.raises(InvalidParameterError, match="batch_size: must be a positive integer, got 0"):
+        BucketBatchSampler(ds, batch_size=0)
+    with pytest.raises(InvalidParameterError, match="one non-negative token count per item"):
+        BucketBatchSampler([1.5, 2.0], batch_size=2)

@@ -258,7 +258,7 @@ def test_openapi_describes_every_parameter_and_error(encoder):
         assert {"200", "401", "404", "413", "422", "429", "503"} <= set(operation["responses"])
         assert all(r.get("description") for r in operation["responses"].values())
     assert "application/x-npy" in get["responses"]["200"]["content"]
-    assert set(spec["paths"]) == {"/embed", "/health", "/info", "/metrics"}
+    assert set(spec["paths"]) == {"/embed", "/v1/embeddings", "/health", "/info", "/metrics"}
 
 
 def test_json_vectors_have_one_text():

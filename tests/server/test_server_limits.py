@@ -158,6 +158,71 @@ def test_api_key(encoder):
     run(app, scenario)
 
 
+def test_the_docs_need_the_key_unless_opened(encoder):
+    locked = create_app(settings(api_key="s3cret"), encoder=encoder)
+    opened = create_app(settings(api_key="s3cret", open_docs=True), encoder=encoder)
+    keyless = create_app(settings(), encoder=encoder)
+    docs = ("/docs", "/redoc", "/openapi.json")
+
+    async def needs_key(client):
+        for path in docs:
+            assert (await client.get(path)).status_code == 401, path
+            right = await client.get(path, headers={"Authorization": "Bearer s3cret"})
+            assert right.status_code == 200, path
+        spec = (await client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})).json()
+        assert "/v1/embeddings" in spec["paths"] and not {"/docs", "/redoc", "/openapi.json"} & set(spec["paths"])
+        page = await client.get("/docs", headers={"Authorization": "Bearer s3cret"})
+        assert "swagger" in page.text.lower() and "/openapi.json" in page.text
+
+    async def open_docs(client):
+        for path in docs:
+            assert (await client.get(path)).status_code == 200, path
+        assert (await client.get("/info")).status_code == 401  # only the docs opened
+
+    run(locked, needs_key)
+    run(opened, open_docs)
+    run(keyless, _docs_open_without_key)
+
+
+async def _docs_open_without_key(client):
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert (await client.get(path)).status_code == 200, path
+
+
+def test_cors_is_off_by_default_and_allows_only_the_origins_given(encoder):
+    off = create_app(settings(), encoder=encoder)
+    on = create_app(settings(cors_origins=["https://app.example.org"], api_key="k"), encoder=encoder)
+    preflight = {"Origin": "https://app.example.org", "Access-Control-Request-Method": "POST"}
+
+    async def without(client):
+        response = await client.get("/health", headers={"Origin": "https://app.example.org"})
+        assert "access-control-allow-origin" not in response.headers
+        answer = await client.options("/v1/embeddings", headers=preflight)
+        assert answer.status_code == 204 and "access-control-allow-origin" not in answer.headers
+
+    async def with_origins(client):
+        answer = await client.options(
+            "/v1/embeddings", headers={**preflight, "Access-Control-Request-Headers": "authorization,content-type"}
+        )
+        assert answer.status_code == 200
+        assert answer.headers["access-control-allow-origin"] == "https://app.example.org"
+        assert "POST" in answer.headers["access-control-allow-methods"]
+        refused = await client.options("/v1/embeddings", headers={**preflight, "Origin": "https://evil.example"})
+        assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+        # A real request: the key still applies, and even its 401 is readable by the page.
+        denied = await client.post("/v1/embeddings", json={"input": "a"}, headers={"Origin": preflight["Origin"]})
+        assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == preflight["Origin"]
+        ok = await client.post(
+            "/v1/embeddings",
+            json={"input": "a"},
+            headers={"Origin": preflight["Origin"], "Authorization": "Bearer k"},
+        )
+        assert ok.status_code == 200 and "x-request-id" in ok.headers["access-control-expose-headers"].lower()
+
+    run(off, without)
+    run(on, with_origins)
+
+
 def test_limits_and_bad_parameters(encoder):
     app = create_app(
         settings(max_tokens_per_sentence=5, max_sentences_per_request=3, max_body_bytes=400), encoder=encoder

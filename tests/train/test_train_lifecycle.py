@@ -4,6 +4,13 @@ builds the model its name promises."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
 
 import h5py
@@ -79,3 +86,61 @@ def test_published_presets_have_the_published_shapes(preset):
     assert softmax == {"softmax/W": (10, options.projection_dim), "softmax/b": (10,)}
     expected = {"small": (1024, 128), "medium": (2048, 256), "original": (4096, 512)}[preset]
     assert (options.lstm_dim, options.projection_dim) == expected
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_checkpoints_and_the_rerun_equals_an_uninterrupted_run(tmp_path, corpus, signum):
+    """A real signal to a real `elmo-cache train` process while it steps (no periodic checkpoint is due):
+    it finishes the step, writes the checkpoint, exits 128 + the signal; the same command then finishes and
+    its weights are those of a run never interrupted (checked after SIGTERM, what schedulers send)."""
+    output = tmp_path / "model"
+    args = [
+        "train", str(corpus), "-o", str(output), "--preset", "tiny", "--batch-size", "8", "--unroll", "10",
+        "--num-sampled", "16", "--min-count", "1", "--threads", "1", "--checkpoint-minutes", "60",
+    ]  # fmt: skip
+    cli = [sys.executable, "-c", "from elmo_cache.cli.main import main; main()"]
+    # stderr is a pipe, so the bar writes lines: one per step here (elmo_cache.progress).
+    environment = {**os.environ, "ELMO_CACHE_PROGRESS_SECONDS": "0"}
+    process = subprocess.Popen(
+        [*cli, *args, "--epochs", "10000", "--max-steps", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+    )
+    seen = bytearray()
+
+    def read() -> None:
+        assert process.stderr is not None
+        while chunk := process.stderr.read1(4096):
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    # The progress bar counts steps: wait for the third, so the signal lands between steps well past setup.
+    while not re.search(rb"\b([3-9]|\d\d+)/100000\b", bytes(seen)):
+        assert process.poll() is None, bytes(seen)[-2000:].decode(errors="replace")
+        assert time.monotonic() < deadline, bytes(seen)[-2000:].decode(errors="replace")
+        time.sleep(0.05)
+    assert not (output / "checkpoint.pt").exists()  # none was due: the one found below is the signal's
+    process.send_signal(signum)
+    stdout, _ = process.communicate(timeout=120)
+    reader.join(timeout=10)
+    assert process.returncode == 128 + signum, bytes(seen)[-2000:].decode(errors="replace")
+    stopped_at = torch.load(output / "checkpoint.pt", weights_only=True)["step"]
+    assert stopped_at >= 3
+    assert f"stopped by {signum.name}, checkpoint written" in stdout.decode() and f"after {stopped_at} steps" in (
+        stdout.decode()
+    )
+    if signum is signal.SIGINT:
+        return  # the same stop as SIGTERM's: the rerun's equality is checked once, for SIGTERM
+    done = subprocess.run(
+        [*cli, *args, "--epochs", "10000", "--max-steps", str(stopped_at + 4), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and f"resumed at step {stopped_at}" in done.stdout, done.stderr
+    whole = tmp_path / "whole"
+    train(corpus, whole, replace(TINY, epochs=10000, max_steps=stopped_at + 4, threads=1))
+    assert_same_weights(whole, output)

@@ -4,7 +4,6 @@ asks for it), connecting to a cluster, and running the parts through Ray Data on
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import traceback
 from typing import Any
@@ -79,9 +78,9 @@ def run_parts(
     )
     bar = None
     if show_progress:
-        from tqdm import tqdm
+        from elmo_cache.progress import progress_bar
 
-        bar = tqdm(total=total, initial=total - len(todo), unit=" part", desc="encoding", file=sys.stderr)
+        bar = progress_bar(total=total, initial=total - len(todo), unit=" part", desc="encoding")
     statuses: list[dict[str, Any]] = []
     tokens = 0
     begin = time.monotonic()
