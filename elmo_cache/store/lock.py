@@ -79,8 +79,9 @@ def _record_owner(fd: int) -> None:
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     data = json.dumps(record).encode("utf-8")
-    os.ftruncate(fd, 0)
+    # Written, then cut to its length: a reader never finds the file empty between the two.
     os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
 
 
 def _read_owner(path: Path) -> LockOwner:
@@ -142,7 +143,9 @@ def _take_guard(output: Path) -> socket.socket | None:
         guard.close()
         owner = _guard_owner(name) or LockOwner(None, socket.gethostname(), "")
         raise _refused(output, owner) from None
-    guard.listen(16)
+    # Every refused build and every reader asking who builds leaves a connection queued until the holder's
+    # next commit drains them (_drain): a deep queue, so that a burst of them still learns the holder's pid.
+    guard.listen(socket.SOMAXCONN)
     guard.setblocking(False)
     return guard
 
@@ -293,9 +296,10 @@ def current_builder(output: str | os.PathLike[str]) -> LockOwner | None:
     guard socket (module docstring) still names a build whose lock file was deleted under it.
     """
     owner = _file_holder(Path(output))
-    if owner is None:
+    if owner is None or owner.pid is None:  # no holder, or one that has not written its record yet
         name = _guard_name(Path(output))
-        owner = None if name is None else _guard_owner(name)
+        guarded = None if name is None else _guard_owner(name)
+        owner = guarded if guarded is not None and (owner is None or guarded.pid is not None) else owner
     return owner
 
 

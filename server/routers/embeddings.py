@@ -72,7 +72,7 @@ class EmbeddingsResponse(BaseModel):
     "/v1/embeddings",
     response_model=EmbeddingsResponse,
     summary="One vector per text, in the OpenAI embeddings API's shape",
-    responses=error_responses(400, 401, 404, 413, 422, 429, 500, 503),
+    responses=error_responses(401, 404, 413, 422, 429, 500, 503),
 )
 async def embeddings(service: ServiceDep, timings: TimingsDep, body: EmbeddingsRequest) -> Response:
     """Pooled sentence vectors from the cache when the text is there, else encoded live (404 with a cache alone)."""
