@@ -7,12 +7,12 @@ Public API (imported lazily, so ``import elmo_cache`` stays cheap)::
 
 from __future__ import annotations
 
-import importlib
 import os as _os
 import sys as _sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from elmo_cache._primitives import bound_primitive_caches
+from elmo_cache.lazy import lazy_exports
 from elmo_cache.version import __version__
 
 # The build lock (fcntl.flock) and the zarr reader's open-file budget (resource.getrlimit) are POSIX's, and
@@ -83,14 +83,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from elmo_cache.text.tokenize import tokenize as tokenize
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'elmo_cache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

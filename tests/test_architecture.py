@@ -18,6 +18,7 @@ FLOOR = {
     "elmo_cache.version",
     "elmo_cache._primitives",
     "elmo_cache.progress",
+    "elmo_cache.lazy",
 }
 
 
