@@ -207,11 +207,9 @@ class Cache:
             lengths = self._require()._lengths
             if "lengths" in self._guards:
                 self._guards["lengths"].check_all()  # read whole anyway (4 bytes a sentence): check it whole
-            if isinstance(lengths, np.ndarray):
-                self._lengths_array = lengths
-            else:
-                view = lengths.contiguous()
-                self._lengths_array = view if view is not None else np.asarray(lengths)
+            array = np.asarray(lengths)  # a copy of our own (positioned reads), kept read-only like the rows
+            array.setflags(write=False)
+            self._lengths_array = array
         return self._lengths_array
 
     @property

@@ -102,10 +102,6 @@ class ChunkedArray:
         # Always a fresh, writable array: never a view that would pin a chunk by surprise.
         return np.array(self._rows(0, self.shape[0]), dtype=dtype)
 
-    def contiguous(self) -> np.ndarray | None:
-        """The whole array as one read-only array when that costs no copy of a big array, else None."""
-        return None
-
     def searchsorted(self, value: int) -> int:
         """Leftmost insertion point of ``value`` in this sorted 1-D array, touching O(log n) chunks."""
         if self.n_chunks == 0:
