@@ -95,11 +95,12 @@ def throughput(args) -> None:
         print(
             f"model {args.size if not args.options_file else args.options_file} (dim {encoder.output_dim}), device "
             f"{encoder.device}, precision {args.precision}; corpus {len(sentences):,} sentences, {tokens:,} tokens; "
-            f"batch_tokens {batch_tokens}; storing {args.layers or 'all layers'}{' fp16' if args.fp16 else ''}, "
+            f"batch_tokens {batch_tokens}; storing {args.layers or 'all layers'}{' fp16' if args.fp16 else ''}"
+            f"{' ' + args.quantize if args.quantize else ''}, "
             f"{args.format}"
         )
         encoder.embed_batch(sentences[:50])  # warm-up
-        pure, full = [], []
+        pure, on_device, full = [], [], []
         for repeat in range(args.repeats):
             if encoder.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -109,6 +110,13 @@ def throughput(args) -> None:
             if encoder.device.type == "cuda":
                 torch.cuda.synchronize()
             pure.append(tokens / (time.perf_counter() - start))
+            # The encoder alone with its outputs left on the device: what a build must keep pace with.
+            start = time.perf_counter()
+            for batch in encoder._plan_batches(sentences, batch_tokens):
+                encoder.encode_flat([sentences[i] for i in batch])
+            if encoder.device.type == "cuda":
+                torch.cuda.synchronize()
+            on_device.append(tokens / (time.perf_counter() - start))
             output = workdir / ("cache.zarr" if args.format == "zarr" else "cache.h5")
             start = time.perf_counter()
             build(
@@ -120,14 +128,102 @@ def throughput(args) -> None:
                     batch_tokens=batch_tokens,
                     layers=args.layers,
                     fp16=args.fp16,
+                    quantize=args.quantize,
                     dedupe=args.dedupe,
                 ),
                 encoder=encoder,
             )
             full.append(tokens / (time.perf_counter() - start))
-            print(f"  run {repeat + 1}: encoder {pure[-1]:,.0f} tok/s, build {full[-1]:,.0f} tok/s")
-        p, b = statistics.median(pure), statistics.median(full)
-        print(f"median: encoder {p:,.0f} tok/s, build end to end {b:,.0f} tok/s ({b / p:.0%} of the encoder)")
+            print(
+                f"  run {repeat + 1}: encoder to host arrays {pure[-1]:,.0f} tok/s, encoder alone (outputs left on "
+                f"the device) {on_device[-1]:,.0f} tok/s, build {full[-1]:,.0f} tok/s"
+            )
+        p, d, b = statistics.median(pure), statistics.median(on_device), statistics.median(full)
+        print(
+            f"median: encoder to host arrays {p:,.0f} tok/s, encoder alone {d:,.0f} tok/s, build end to end "
+            f"{b:,.0f} tok/s ({b / d:.0%} of the encoder alone, {b / p:.0%} of the encoder to host arrays)"
+        )
+
+
+def pipeline(args) -> None:
+    """The build with the model's forward replaced by a slice of random vectors already on the device: reading,
+    hashing, window cutting, selection and cast, copies to the host, block sums, staging, writing and publishing
+    at the rate they alone allow. A build cannot be faster than this whatever the encoder's speed."""
+    from elmo_cache.builder import BuildOptions, build
+    from elmo_cache.text.tokenize import tokenize
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        corpus = Path(args.corpus) if args.corpus else workdir / "corpus.txt"
+        if not args.corpus:
+            synthetic_corpus(corpus, args.sentences)
+        sentences = [tokenize(line) for line in corpus.read_text(encoding="utf-8").splitlines()]
+        tokens = sum(map(len, sentences))
+        encoder = load_encoder(args, workdir)
+        batch_tokens = args.batch_tokens or (32768 if encoder.device.type == "cuda" else 8192)
+        generator = torch.Generator(device=encoder.device).manual_seed(0)
+        shape = (encoder.n_layers, batch_tokens, encoder.output_dim)
+        pool = torch.randn(shape, generator=generator, device=encoder.device)
+
+        def encode_flat(batch):
+            offsets = np.zeros(len(batch) + 1, dtype=np.int64)
+            np.cumsum([len(s) for s in batch], out=offsets[1:])
+            return pool[:, : int(offsets[-1])], offsets
+
+        encoder.encode_flat = encode_flat  # type: ignore[method-assign]
+        print(machine())
+        quantize = f" {args.quantize}" if args.quantize else ""
+        print(
+            f"the build without the model's forward (random rows of dim {encoder.output_dim}), on {encoder.device}; "
+            f"corpus {len(sentences):,} sentences, {tokens:,} tokens; batch_tokens {batch_tokens}; storing "
+            f"{args.layers or 'all layers'}{' fp16' if args.fp16 else ''}{quantize}, {args.format}"
+        )
+        rates = []
+        for repeat in range(args.repeats):
+            output = workdir / ("cache.zarr" if args.format == "zarr" else "cache.h5")
+            profiling = args.profile and repeat == args.repeats - 1
+            if profiling:
+                import yappi  # optional: pip install yappi
+
+                yappi.set_clock_type("wall")
+                yappi.start()
+            start = time.perf_counter()
+            summary = build(
+                corpus,
+                BuildOptions(
+                    output=output,
+                    format=args.format,
+                    overwrite=True,
+                    progress=False,
+                    batch_tokens=batch_tokens,
+                    layers=args.layers,
+                    fp16=args.fp16,
+                    quantize=args.quantize,
+                ),
+                encoder=encoder,
+            )
+            seconds = time.perf_counter() - start
+            if profiling:
+                yappi.stop()
+                _print_thread_profiles(yappi)
+            rates.append((tokens / seconds, summary.bytes / seconds))
+            print(f"  run {repeat + 1}: {rates[-1][0]:,.0f} tok/s, {rates[-1][1] / 1e6:,.0f} MB/s of cache written")
+        best = max(rates)
+        print(f"best: {best[0]:,.0f} tok/s, {best[1] / 1e6:,.0f} MB/s ({summary.bytes / tokens:,.0f} bytes per token)")
+
+
+def _print_thread_profiles(yappi, rows: int = 22) -> None:
+    """Wall time per thread of the build, and where each of its threads spent it (own time, then with callees)."""
+    for thread in yappi.get_thread_stats():
+        if thread.ttot < 0.05:
+            continue
+        print(f"== thread {thread.name} ({thread.ttot:.2f} s of wall time in Python frames)")
+        stats = yappi.get_func_stats(ctx_id=thread.id)
+        for key in ("tsub", "ttot"):
+            stats.sort(key, "desc")
+            print(f"-- by {key}")
+            for entry in list(stats)[:rows]:
+                print(f"  {entry.tsub:8.3f} {entry.ttot:8.3f} {entry.ncall:8d}  {entry.full_name[-90:]}")
 
 
 def chunks(args) -> None:
@@ -250,7 +346,7 @@ def compression(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("throughput", "compression"):
+    for name in ("throughput", "pipeline", "compression"):
         p = sub.add_parser(name)
         p.add_argument(
             "--size", default="tiny", help="random model of this preset shape: tiny, small, medium, original"
@@ -267,14 +363,18 @@ def main() -> None:
             help="torch intra-op threads (default: torch's). On a "
             "small shared machine, 1 gives stable figures: contending threads make them swing 20x",
         )
-    tp = sub.choices["throughput"]
-    tp.add_argument("--corpus", help="use this corpus instead of a synthetic one")
-    tp.add_argument("--batch-tokens", type=int, default=None)
-    tp.add_argument("--repeats", type=int, default=3)
-    tp.add_argument("--layers", default=None)
-    tp.add_argument("--fp16", action="store_true")
-    tp.add_argument("--dedupe", action="store_true")
-    tp.add_argument("--format", default="zarr", choices=["zarr", "hdf5"])
+    for tp in (sub.choices["throughput"], sub.choices["pipeline"]):
+        tp.add_argument("--corpus", help="use this corpus instead of a synthetic one")
+        tp.add_argument("--batch-tokens", type=int, default=None)
+        tp.add_argument("--repeats", type=int, default=3)
+        tp.add_argument("--layers", default=None)
+        tp.add_argument("--fp16", action="store_true")
+        tp.add_argument("--quantize", default=None, help="int8, pq:M or opq:M (as build's --quantize)")
+        tp.add_argument("--dedupe", action="store_true")
+        tp.add_argument("--format", default="zarr", choices=["zarr", "hdf5"])
+    sub.choices["pipeline"].add_argument(
+        "--profile", action="store_true", help="profile the last run's threads with yappi (wall clock)"
+    )
     sub.choices["compression"].add_argument("--chunk", type=int, default=64, help="chunk rows (small: little padding)")
     ch = sub.add_parser("chunks")
     ch.add_argument("--tokens", type=int, default=1_000_000)
@@ -284,7 +384,7 @@ def main() -> None:
     args = parser.parse_args()
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    {"throughput": throughput, "chunks": chunks, "compression": compression}[args.command](args)
+    {"throughput": throughput, "pipeline": pipeline, "chunks": chunks, "compression": compression}[args.command](args)
 
 
 if __name__ == "__main__":

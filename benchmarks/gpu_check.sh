@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One pass of everything that needs a CUDA device, sized for a short GPU lease (at most 9 minutes):
-# the CUDA tests, the precision table, encoder throughput per precision, build throughput, and the whole suite.
+# One pass of everything that needs a CUDA device, sized for a short GPU lease (at most 9.5 minutes with the
+# machine's start): the CUDA tests, where the encoder's time goes (against the previous tree where .base holds it),
+# build throughput with fp16 layers and int8 codes, and encoder throughput with errors against the reference.
 #
 #     bash benchmarks/gpu_check.sh [OUT_DIR]          # logs and JSON land in OUT_DIR (default ./gpu-check)
 #
@@ -19,30 +20,51 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { cat "$OUT/install.log"; exit 1; }
 
-step() {  # step NAME SECONDS COMMAND...: run, keep its log, say how it ended
+step() {  # step NAME SECONDS COMMAND...: run, keep its log, say how it ended (only the steps named in STEPS)
     local name=$1 limit=$2
     shift 2
+    case " $STEPS " in *" ${name%%-*} "*) ;; *) return ;; esac
     local start=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
+# Which steps run: all by default, e.g. STEPS="tests phases" for a second, shorter call.
+STEPS=${STEPS:-tests phases pipeline build encoder}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   grep -m1 'model name' /proc/cpuinfo; nproc; } | tee "$OUT/machine.txt"
 
-step tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/encoder/test_cuda.py tests/encoder/test_encoder.py \
-    tests/compat/test_compat_embedder.py tests/train/test_train.py -k "cuda or Cuda or CUDA or test_cuda"
-tail -5 "$OUT/tests.log"
-step precision 30 python3 benchmarks/precision_error.py --device cuda
-tail -12 "$OUT/precision.log"
-step encoder 150 python3 benchmarks/bench_encoder.py --device cuda --precision fp32,bf16,fp16 --tokens 200000 \
-    --repeats 2 --json "$OUT/encoder.json"
-tail -25 "$OUT/encoder.log"
-step build 90 python3 benchmarks/bench_build.py throughput --size original --device cuda --sentences 4000 \
+step tests 90 python3 -m pytest -q -p no:cacheprovider -rs tests/encoder/test_cuda.py tests/encoder/test_transfer.py \
+    tests/encoder/test_encoder.py tests/compat/test_compat_embedder.py tests/train/test_train.py \
+    -k "cuda or Cuda or CUDA or test_cuda"
+tail -5 "$OUT/tests.log" 2>/dev/null
+# Where the encoder's time goes, per precision and batch size: outputs left on the device against host arrays.
+step phases 120 python3 benchmarks/bench_encoder_phases.py --device cuda --precision bf16,fp32 \
+    --batch-tokens 32768,65536,131072 --json "$OUT/phases.json"
+grep -E "tok/s" "$OUT/phases.log" 2>/dev/null
+# The same on the tree before this one, where a copy of its package lies in .base (see benchmarks/README.md).
+if [ -d .base/elmo_cache ]; then
+    step phases-base 70 env PYTHONPATH=".base:${PYTHONPATH:-}" python3 benchmarks/bench_encoder_phases.py \
+        --device cuda --precision bf16,fp32 --batch-tokens 8192,32768 --json "$OUT/phases-base.json"
+    grep -E "tok/s" "$OUT/phases-base.log" 2>/dev/null
+fi
+# The build without the model (the rate the host side allows), at two sizes (the difference is the per-token
+# rate, the rest fixed costs), the larger one profiled per thread where yappi is installed.
+step pipeline-fp16 60 python3 benchmarks/bench_build.py pipeline --size original --device cuda --sentences 12000 \
     --layers 1,2 --fp16 --repeats 2
-tail -8 "$OUT/build.log"
-# The whole suite on this machine's torch and Python (and with CUDA as the default device), where time is left.
-step suite 120 python3 -m pytest -q -p no:cacheprovider -n 12 -rfE tests --ignore tests/encoder/test_cuda.py
-tail -30 "$OUT/suite.log"
+step pipeline-fp16-big 100 python3 benchmarks/bench_build.py pipeline --size original --device cuda \
+    --sentences 48000 --layers 1,2 --fp16 --repeats 2 --profile
+step pipeline-int8 60 python3 benchmarks/bench_build.py pipeline --size original --device cuda --sentences 48000 \
+    --quantize int8 --repeats 1
+grep -E "best|run " "$OUT"/pipeline-*.log 2>/dev/null
+step build-fp16 70 python3 benchmarks/bench_build.py throughput --size original --device cuda --precision bf16 \
+    --sentences 24000 --layers 1,2 --fp16 --repeats 2 --batch-tokens 65536
+step build-int8 60 python3 benchmarks/bench_build.py throughput --size original --device cuda --precision bf16 \
+    --sentences 24000 --quantize int8 --repeats 1 --batch-tokens 65536
+grep -E "median|run " "$OUT"/build-*.log 2>/dev/null
+# Against the plain reference implementation, side by side, with the errors of each precision.
+step encoder 100 python3 benchmarks/bench_encoder.py --device cuda --precision fp32,bf16 --tokens 200000 \
+    --repeats 1 --json "$OUT/encoder.json"
+tail -25 "$OUT/encoder.log" 2>/dev/null
 cat "$OUT/summary.txt"

@@ -20,8 +20,9 @@ from elmo_cache.builder.alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
+from elmo_cache.encoder.transfer import HostCopy
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.rows.codecs import nonfinite_rows
+from elmo_cache.rows.codecs import nonfinite_rows, stored_rows_on_device
 from elmo_cache.rows.pooling import pool_batch
 
 if TYPE_CHECKING:
@@ -46,6 +47,18 @@ WINDOW_MAX_SENTENCES = 1 << 16
 def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
     """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type."""
     return options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
+
+
+@dataclass
+class _Submitted:
+    """One batch on its way: the encoder's output and the selected rows on the device, the sentences' token
+    offsets, and the stored rows and the finiteness flag being copied to the host."""
+
+    flat: torch.Tensor
+    out: torch.Tensor
+    offsets: np.ndarray
+    stored: HostCopy
+    finite: HostCopy | None  # on CUDA: whether every stored value is finite (else the codec checks the host rows)
 
 
 @dataclass
@@ -149,28 +162,52 @@ class WindowEncoder:
                 )
             self.codec = trained
 
-    def _encode(
-        self, batch: list[list[str]]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, str] | None]:
-        """Rows of the batch's sentences, concatenated in batch order, where each starts, with --pool each
-        sentence's pooled vector (float32), and the first sentence (its place in ``batch``) that would be stored
-        with a value that is not finite, with why (None: none)."""
+    def _submit(self, batch: list[list[str]]) -> _Submitted:
+        """Queue one batch's work: the encoder, the selection, the storage cast or codes, and their copy to the host.
+        On CUDA nothing here waits for the device, so the host prepares the next batch while this one runs."""
+        import torch
+
         flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
         out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
         if self.selection.layers is not None:
             out = out.transpose(0, 1)  # token-major: (tokens, L, D)
+        # From the float32 rows, on the device: only the stored bytes (a cast, or codes and scales) cross.
+        stored = stored_rows_on_device(self.codec, out)
+        finite = None
+        if stored.device.type == "cuda":
+            # Whether anything could be stored non-finite, decided on the GPU and copied with the rows, so the host
+            # reads no row for it: a float codec's stored rows (a cast keeps a NaN or an inf, and float16 overflows
+            # past 65504), else the float rows (finite floats give finite int8 scales and meaningful pq codes). A
+            # codec's own diagnosis runs only when this fails. On a CPU numpy's check of the host rows is the
+            # faster (3.5x torch's on float16 here).
+            finite = HostCopy(torch.isfinite(stored if stored.is_floating_point() else out).all().reshape(1))
+        return _Submitted(flat, out, offsets, HostCopy(stored), finite)
+
+    def _collect(
+        self, submitted: _Submitted
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, str] | None]:
+        """Rows of a submitted batch's sentences, concatenated in batch order, where each starts, with --pool each
+        sentence's pooled vector (float32), and the first sentence (its place in the batch) that would be stored
+        with a value that is not finite, with why (None: none)."""
+        out, offsets = submitted.out, submitted.offsets
+        stored = submitted.stored.result()
         starts = offsets[:-1]
         pooled = None
         if self.pooling is not None:
             # On the host in numpy: its sum is sequential in token order, so a pool is the same on every
             # device and equals numpy's (on CUDA the float32 rows cross once more for it).
             pooled = pool_batch(out.cpu().numpy(), starts, np.diff(offsets), self.pooling.method)
-        # From the float32 rows, on the device: only the stored bytes (a cast, or codes and scales) cross.
-        stored = self.codec.encode(out)
-        return stored, starts, pooled, self._nonfinite(flat, out, stored, offsets, pooled)
+        all_finite = submitted.finite is not None and bool(submitted.finite.result()[0])
+        return stored, starts, pooled, self._nonfinite(submitted.flat, out, stored, offsets, pooled, all_finite)
 
     def _nonfinite(
-        self, flat: torch.Tensor, out: torch.Tensor, stored: np.ndarray, offsets: np.ndarray, pooled: np.ndarray | None
+        self,
+        flat: torch.Tensor,
+        out: torch.Tensor,
+        stored: np.ndarray,
+        offsets: np.ndarray,
+        pooled: np.ndarray | None,
+        all_finite: bool = False,
     ) -> tuple[int, str] | None:
         """The first sentence of a batch that would be stored with a value that is not finite, and why (None:
         none). Checked after the storage cast (the codec's :meth:`~RowCodec.nonfinite`: float16's overflow,
@@ -178,7 +215,7 @@ class WindowEncoder:
         batch while all is well, the diagnosis only once something is wrong."""
         import torch
 
-        bad = self.codec.nonfinite(out, stored) if self.token_rows else None
+        bad = self.codec.nonfinite(out, stored) if self.token_rows and not all_finite else None
         if bad is not None:
             row = int(np.flatnonzero(bad)[0])
             return int(np.searchsorted(offsets, row, "right")) - 1, self._why(flat[:, row], out[row], "its vectors")
@@ -240,14 +277,23 @@ class WindowEncoder:
             pooled = np.zeros((len(lengths), *self.pooled_shape), dtype=self.pooling.dtype)
         todo = sorted((i for i in range(len(lengths)) if new[i] and lengths[i]), key=lambda i: lengths[i])
         encoded = 0
+        batches = []
         start = 0
         while start < len(todo):
             stop, cost = start, 0
             while stop < len(todo) and (stop == start or cost + lengths[todo[stop]] + 2 <= self.batch_tokens):
                 cost += int(lengths[todo[stop]]) + 2
                 stop += 1
-            batch = todo[start:stop]
-            out, starts, batch_pooled, problem = self._encode([tokens[i] for i in batch])
+            batches.append(todo[start:stop])
+            start = stop
+        # One batch queued ahead: the device encodes it while the host stores the one before.
+        submitted = self._submit([tokens[i] for i in batches[0]]) if batches else None
+        for number, batch in enumerate(batches):
+            current = submitted
+            assert current is not None
+            following = batches[number + 1] if number + 1 < len(batches) else None
+            submitted = None if following is None else self._submit([tokens[i] for i in following])
+            out, starts, batch_pooled, problem = self._collect(current)
             if problem is not None:
                 # Raised before this window reaches a writer: nothing of it is stored, what was committed stays.
                 k, why = problem
@@ -261,7 +307,6 @@ class WindowEncoder:
                 encoded += length
             if pooled is not None and batch_pooled is not None:
                 pooled[batch] = batch_pooled  # cast to the stored dtype, as the rows were
-            start = stop
             if progress is not None:
                 progress(len(batch))
         if progress is not None and len(lengths) > len(todo):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -35,6 +36,7 @@ from elmo_cache.encoder.hardware import (
     resolve_device,
 )
 from elmo_cache.encoder.lstm_states import InitialStates
+from elmo_cache.encoder.transfer import HostCopy, to_device
 from elmo_cache.encoder.word_cache import WordVectorCache
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import formats, hub, sources
@@ -70,6 +72,7 @@ WARMUP_TEXT = (
 _WARMUP_SHA256 = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
 
 DEFAULT_BATCH_TOKENS = 8192
+DEFAULT_BATCH_TOKENS_CUDA = 32768
 DEFAULT_WORD_CACHE_SIZE = 20000
 
 
@@ -215,22 +218,59 @@ class Encoder:
         )
 
     # ------------------------------------------------------------------- public
-    def embed_batch(
-        self, sentences: Sequence[Sequence[str]], *, batch_tokens: int = DEFAULT_BATCH_TOKENS
-    ) -> list[np.ndarray]:
+    def embed_batch(self, sentences: Sequence[Sequence[str]], *, batch_tokens: int | None = None) -> list[np.ndarray]:
         """Vectors of each sentence, ``(3, n_tokens, output_dim)`` float32, in input order.
 
         Layer 0 is the char-CNN token vector duplicated to the LSTM layers' width, as in
         the original. Large inputs are split into length-sorted sub-batches of at most
-        ``batch_tokens`` tokens (except in "carry" mode, where the batch is the unit).
+        ``batch_tokens`` tokens (None: :meth:`default_batch_tokens`; in "carry" mode the
+        batch is the unit).
+
+        The arrays of one sub-batch are views of one host buffer (each sentence's block is
+        contiguous, so nothing is copied per sentence): keeping a few of many sentences keeps
+        their sub-batch's buffer; ``.copy()`` them to let the rest go.
         """
+        batch_tokens = self.default_batch_tokens if batch_tokens is None else batch_tokens
         results: list[np.ndarray | None] = [None] * len(sentences)
+        in_flight: deque[tuple[list[int], np.ndarray, HostCopy]] = deque()
+
+        def finish_oldest() -> None:
+            indices, offsets, copy = in_flight.popleft()
+            array = copy.result(own=True)
+            layers = self.n_layers
+            for k, i in enumerate(indices):
+                begin, end = int(offsets[k]), int(offsets[k + 1])
+                results[i] = array[layers * begin : layers * end].reshape(layers, end - begin, self.output_dim)
+
         for indices in self._plan_batches(sentences, batch_tokens):
             flat, offsets = self.encode_flat([sentences[i] for i in indices])
-            array = flat.cpu().numpy()
-            for k, i in enumerate(indices):
-                results[i] = np.ascontiguousarray(array[:, offsets[k] : offsets[k + 1]])
+            # Two sub-batches in flight: the device computes one while the other crosses to the host, and
+            # device memory holds at most two batches' outputs whatever the input's size.
+            if len(in_flight) == 2:
+                finish_oldest()
+            in_flight.append((indices, offsets, HostCopy(self._sentence_major(flat, offsets))))
+        while in_flight:
+            finish_oldest()
         return results  # type: ignore[return-value]
+
+    @property
+    def default_batch_tokens(self) -> int:
+        """Tokens per sub-batch when none is asked for: larger on a GPU, where a batch's
+        fixed costs (one kernel launch per timestep and layer) are the larger share."""
+        return DEFAULT_BATCH_TOKENS_CUDA if self.device.type == "cuda" else DEFAULT_BATCH_TOKENS
+
+    def _sentence_major(self, flat: torch.Tensor, offsets: np.ndarray) -> torch.Tensor:
+        """``(layers, tokens, dim)`` rearranged so that each sentence's ``(layers, n, dim)`` block is
+        contiguous: ``(layers * tokens, dim)``, sentence ``k`` from row ``layers * offsets[k]``."""
+        layers, total = self.n_layers, int(offsets[-1])
+        lengths = np.diff(offsets)
+        sentence = np.repeat(np.arange(len(lengths)), lengths)
+        position = np.arange(total) - offsets[:-1][sentence]
+        first = layers * offsets[:-1][sentence] + position  # destination of each token's layer-0 row
+        source = np.empty(layers * total, dtype=np.int64)
+        for layer in range(layers):
+            source[first + layer * lengths[sentence]] = layer * total + np.arange(total)
+        return flat.reshape(layers * total, self.output_dim).index_select(0, to_device(source, self.device))
 
     def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
         """Vectors of one tokenised sentence, ``(3, n_tokens, output_dim)`` float32."""
@@ -244,14 +284,16 @@ class Encoder:
         self,
         sentences: Iterable[Sequence[str]],
         *,
-        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        batch_tokens: int | None = None,
         window: int = 8,
     ) -> Iterator[np.ndarray]:
         """Stream vectors for an iterable of token lists, in input order.
 
         Reads about ``window * batch_tokens`` tokens ahead, sorts them by length into
-        batches of at most ``batch_tokens`` tokens, and yields results in input order.
+        batches of at most ``batch_tokens`` tokens (None: :meth:`default_batch_tokens`), and
+        yields results in input order (see :meth:`embed_batch` on the arrays' memory).
         """
+        batch_tokens = self.default_batch_tokens if batch_tokens is None else batch_tokens
         buffer: list[Sequence[str]] = []
         tokens = 0
         for sentence in sentences:
@@ -323,9 +365,9 @@ class Encoder:
 
     def _token_vectors(self, words: list[str]) -> torch.Tensor:
         """Token vectors (char-CNN, highway, projection) of ``words``, computed now."""
-        ids = torch.from_numpy(self.tokens.char_ids(words)).to(self.device)
+        ids = to_device(self.tokens.char_ids(words), self.device)
         word_ids = self.tokens.word_ids(words)
-        return self.bilm.token_embeddings(ids, None if word_ids is None else torch.from_numpy(word_ids).to(self.device))
+        return self.bilm.token_embeddings(ids, None if word_ids is None else to_device(word_ids, self.device))
 
     def _new_states(self, *, carry: bool) -> InitialStates:
         o = self.options
@@ -356,7 +398,7 @@ class Encoder:
             position += len(sentence) + 2
             token_ids[position - 1] = 1
         word_vectors = self._words.vectors(list(distinct))
-        embedded = word_vectors.index_select(0, torch.from_numpy(token_ids).to(self.device))  # (n_with_bounds, P)
+        embedded = word_vectors.index_select(0, to_device(token_ids, self.device))  # (n_with_bounds, P)
 
         # Pack longest first; row starts[t] + k is step t of sorted sentence k.
         seq_lengths = n_tokens + 2
@@ -373,8 +415,8 @@ class Encoder:
         backward_source = np.empty(packed.n_rows, dtype=np.int64)
         forward_source[rows] = first + step
         backward_source[rows] = first + lengths_sorted[sorted_sentence] - 1 - step
-        forward_index = torch.from_numpy(forward_source).to(self.device)
-        backward_index = torch.from_numpy(backward_source).to(self.device)
+        forward_index = to_device(forward_source, self.device)
+        backward_index = to_device(backward_source, self.device)
 
         inputs = torch.stack([embedded.index_select(0, forward_index), embedded.index_select(0, backward_index)])
         h0, c0 = self._states.for_batch(order)
@@ -382,9 +424,9 @@ class Encoder:
         self._states.after_batch(order, final_h, final_c)
 
         # Back to input order, drop <S>/</S>, layer 0 = token vector twice.
-        keep = torch.from_numpy(
-            np.delete(np.arange(len(token_ids)), np.concatenate([seq_starts[:-1], seq_starts[1:] - 1]))
-        ).to(self.device)
+        keep = to_device(
+            np.delete(np.arange(len(token_ids)), np.concatenate([seq_starts[:-1], seq_starts[1:] - 1])), self.device
+        )
         p = self.options.projection_dim
         out = torch.empty(self.n_layers, len(token_ids), self.output_dim, device=self.device)
         out[0, :, :p] = embedded

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
+
+from elmo_cache.encoder.transfer import to_device
 
 __all__ = ["WordVectorCache"]
 
@@ -38,7 +41,7 @@ class WordVectorCache:
         slots = self._slots
         missing = [w for w in words if w not in slots]
         if not missing:
-            index = torch.tensor([slots[w] for w in words], device=self._device)
+            index = to_device(np.fromiter((slots[w] for w in words), np.int64, len(words)), self._device)
             return self._table.index_select(0, index)
         new_vectors = self._compute(missing)
         room = self._capacity - len(slots)
@@ -51,5 +54,7 @@ class WordVectorCache:
         # Words just cached and words past the capacity both read from the new vectors.
         table = torch.cat([self._table, new_vectors])
         fresh = {w: len(self._table) + k for k, w in enumerate(missing)}
-        index = torch.tensor([slots[w] if w in slots else fresh[w] for w in words], device=self._device)
+        index = to_device(
+            np.fromiter((slots[w] if w in slots else fresh[w] for w in words), np.int64, len(words)), self._device
+        )
         return table.index_select(0, index)

@@ -38,6 +38,7 @@ __all__ = [
     "invalid_option",
     "nonfinite_rows",
     "register_builtin",
+    "stored_rows_on_device",
     "unregister_codec",
     "codec_for_reading",
     "pad_floats",
@@ -118,7 +119,11 @@ class RowCodec(Protocol):
     # -- writing ---------------------------------------------------------------------------------
 
     def encode(self, x: torch.Tensor) -> np.ndarray:
-        """float32 rows ``(..., dim)`` (or ``(..., slots, dim)``) on any device as stored rows (host numpy)."""
+        """float32 rows ``(..., dim)`` (or ``(..., slots, dim)``) on any device as stored rows (host numpy).
+
+        A codec may also define ``encode_rows(x) -> torch.Tensor``: the same bytes as a tensor on ``x``'s
+        device, whose copy a build queues behind the device's work instead of waiting for it (the built-in
+        codecs do; :func:`stored_rows_on_device` uses it where it exists, else this)."""
         ...
 
     def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
@@ -249,8 +254,12 @@ class QuantizedCodec:
         # A pool recomputed from decoded rows is not the pool of the floats the build had.
         return False
 
-    def quantize(self, x: torch.Tensor) -> np.ndarray:
+    def quantize_rows(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def quantize(self, x: torch.Tensor) -> np.ndarray:
+        """:meth:`quantize_rows` on the host."""
+        return self.quantize_rows(x).cpu().numpy()
 
     def dequantize(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -258,6 +267,10 @@ class QuantizedCodec:
     def encode(self, x: torch.Tensor) -> np.ndarray:
         """:meth:`quantize`."""
         return self.quantize(x)
+
+    def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`quantize_rows`."""
+        return self.quantize_rows(x)
 
     def decode(self, rows: np.ndarray) -> np.ndarray:
         """:meth:`dequantize`."""
@@ -301,6 +314,18 @@ class UndecodedSentence:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.dequantize()
         return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def stored_rows_on_device(codec: RowCodec, x: torch.Tensor) -> torch.Tensor:
+    """``codec``'s stored rows of ``x`` as a tensor: on ``x``'s device through the codec's ``encode_rows`` where it
+    has one (see :meth:`RowCodec.encode`), else its host rows from ``encode``."""
+    import torch
+
+    encode_rows = getattr(codec, "encode_rows", None)
+    if encode_rows is not None:
+        rows: torch.Tensor = encode_rows(x)
+        return rows
+    return torch.from_numpy(codec.encode(x))
 
 
 def nonfinite_rows(values: np.ndarray) -> np.ndarray | None:
@@ -568,11 +593,14 @@ class FloatCodec(UntrainedCodec):
         return None
 
     def encode(self, x: torch.Tensor) -> np.ndarray:
+        return self.encode_rows(x).cpu().numpy()
+
+    def encode_rows(self, x: torch.Tensor) -> torch.Tensor:
         import torch
 
         # Cast on the device, so only the stored bytes cross to the host.
         dtype = torch.float16 if self.float_dtype == "float16" else torch.float32
-        return x.to(dtype, memory_format=torch.contiguous_format).cpu().numpy()
+        return x.to(dtype, memory_format=torch.contiguous_format)
 
     def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
         # After the cast: float16 turns magnitudes past 65504 into inf.

@@ -302,9 +302,9 @@ class ProductQuantization(QuantizedCodec):
             return None
         return nonfinite_rows(x.float().cpu().numpy())
 
-    def quantize(self, x: torch.Tensor) -> np.ndarray:
+    def quantize_rows(self, x: torch.Tensor) -> torch.Tensor:
         """Rows ``(..., slots, dim)`` (or ``(..., dim)`` for a mix) of float32, on any device, as stored
-        uint8 rows ``(..., slots, m)`` (host numpy): each sub-vector's nearest centroid, the first of equals.
+        uint8 rows ``(..., slots, m)`` on that device: each sub-vector's nearest centroid, the first of equals.
 
         Distances as ``|c|^2 - 2 x.c`` with one batched matrix product per chunk of rows (``|x|^2`` is the
         same for every centroid): an elementwise ``(x - c)^2`` moved ~16x the bytes and made a bundled
@@ -319,7 +319,7 @@ class ProductQuantization(QuantizedCodec):
         with ieee_float32(x.device):
             return self._assign(x)
 
-    def _assign(self, x: torch.Tensor) -> np.ndarray:
+    def _assign(self, x: torch.Tensor) -> torch.Tensor:
         import torch
 
         table = torch.tensor(self._table(), device=x.device)  # (slots, m, 256, dsub); a copy: ours is read-only
@@ -336,7 +336,7 @@ class ProductQuantization(QuantizedCodec):
         for start in range(0, flat.shape[1], step):
             dist = torch.baddbmm(norms, flat[:, start : start + step], books_t, alpha=-2)
             out[:, start : start + step] = dist.argmin(dim=-1).to(torch.uint8)
-        return out.transpose(0, 1).cpu().numpy().reshape(*x.shape[:-1], self.m)
+        return out.transpose(0, 1).reshape(*x.shape[:-1], self.m)
 
     # -- reading ----------------------------------------------------------------------------------
 

@@ -106,8 +106,8 @@ class Quantization(UntrainedCodec, QuantizedCodec):
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def quantize(self, x: torch.Tensor) -> np.ndarray:
-        """Rows ``(..., dim)`` of float32 (on any device) as stored int8 rows ``(..., dim + 4)`` (host numpy).
+    def quantize_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows ``(..., dim)`` of float32 (on any device) as stored int8 rows ``(..., dim + 4)`` on that device.
 
         A vector of zeros gets scale 0 and codes 0; a non-finite vector keeps a non-finite scale, so
         it reads back non-finite (and the server refuses it) rather than as wrong numbers.
@@ -118,11 +118,13 @@ class Quantization(UntrainedCodec, QuantizedCodec):
         scale = x.abs().amax(dim=-1, keepdim=True) / _QMAX
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         codes = torch.nan_to_num(torch.round(x / safe), nan=0.0).clamp_(-_QMAX, _QMAX).to(torch.int8)
-        # Only the stored bytes cross to the host; the scale's float32 bytes are appended to its codes.
-        out = np.empty((*x.shape[:-1], self.stored_dim), dtype=np.int8)
-        out[..., : self.dim] = codes.cpu().numpy()
-        out[..., self.dim :] = scale.cpu().numpy().astype("<f4").view(np.int8)
-        return out
+        # The scale's float32 bytes follow its codes, little-endian as the format says: a tensor's bytes are the
+        # machine's order, which is little-endian on every device torch runs on but a big-endian host's CPU.
+        if sys.byteorder == "little":
+            scale_bytes = scale.reshape(-1).contiguous().view(torch.int8).reshape(*scale.shape[:-1], SCALE_BYTES)
+            return torch.cat([codes, scale_bytes], dim=-1)
+        little = torch.from_numpy(scale.cpu().numpy().astype("<f4").view(np.int8)).to(x.device)
+        return torch.cat([codes, little], dim=-1)
 
     def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
         # A row reads back as codes times its float32 scale: the codes are bounded, so the scale decides

@@ -205,6 +205,36 @@ def test_shapes_empty_sentences_and_streaming(tiny_encoder):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_embed_batch_arrays_are_each_sentences_block_of_encode_flat(tiny_encoder):
+    sentences = random_sentences(30, seed=9) + [[]]
+    flat, offsets = tiny_encoder.encode_flat(sentences)
+    flat = flat.numpy()
+    out = tiny_encoder.embed_batch(sentences, batch_tokens=10_000)  # one sub-batch: the same batch as encode_flat
+    for k, array in enumerate(out):
+        assert array.flags.c_contiguous and array.dtype == np.float32
+        np.testing.assert_array_equal(array, flat[:, offsets[k] : offsets[k + 1]])
+    # One buffer per sub-batch, as embed_batch's docstring says: sentences of one sub-batch share it, and a
+    # sentence written to leaves its neighbours as they were.
+    assert _buffer(out[0]) is _buffer(out[1])
+    before = out[1].copy()
+    out[0][...] = 0
+    np.testing.assert_array_equal(out[1], before)
+    split = tiny_encoder.embed_batch(sentences, batch_tokens=40)
+    assert _buffer(split[0]) is not _buffer(split[-2])
+
+
+def _buffer(array: np.ndarray) -> np.ndarray:
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def test_default_batch_tokens_follow_the_device(tiny_encoder):
+    from elmo_cache.encoder.encoder import DEFAULT_BATCH_TOKENS
+
+    assert tiny_encoder.default_batch_tokens == DEFAULT_BATCH_TOKENS
+
+
 def test_encode_padded_matches_embed_batch(tiny_encoder):
     sentences = random_sentences(9, seed=5) + [[]]
     acts, lengths = tiny_encoder.encode_padded(sentences)
