@@ -93,13 +93,15 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--chunk-rows",
     type=int,
     default=None,
-    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers).",
+    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers), or for a "
+    "corpus of fewer tokens the power of two that holds them (at least 16).",
 )
 @click.option(
     "--shard-rows",
     type=int,
     default=None,
-    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 256 MiB.",
+    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 256 MiB, no more than "
+    "the corpus fills.",
 )
 @click.option("--dedupe", is_flag=True, help="Encode and store repeated sentences once.")
 @model_options

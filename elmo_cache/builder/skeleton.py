@@ -14,12 +14,12 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elmo_cache.builder.engine import BuildJob, Engine, other_engines
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
-from elmo_cache.builder.output import prepare_output
-from elmo_cache.builder.plan import identity, make_plan
+from elmo_cache.builder.output import adopt_chunking, prepare_output
+from elmo_cache.builder.plan import Plan, identity, make_plan
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import ModelDescription
 from elmo_cache.store import OutputKind
@@ -41,8 +41,13 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
     engine.check(source, plan)
     with output_lock(plan.output):  # held for the whole build, by the driver for the ray workers too
         model, files = model_description(options, encoder)
-        plan = plan.with_model(model.output_dim)
-        ident = identity(plan, model.identity, dedupe=bool(options.dedupe))
+        plan = plan.with_model(model.output_dim, source)
+
+        def identity_of(plan: Plan) -> dict[str, Any]:
+            return identity(plan, model.identity, dedupe=bool(options.dedupe))
+
+        plan = adopt_chunking(plan, identity_of)
+        ident = identity_of(plan)
         job = BuildJob(source, options, plan, model, files, ident, began)
         with engine.session(job):
             found = prepare_output(plan, ident, options.overwrite, [engine, *other_engines(engine)], source)
