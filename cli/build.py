@@ -59,7 +59,8 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "vector: about half the bytes of --fp16), pq:M (M one-byte codes per vector, product quantisation with "
     'codebooks trained on the corpus: needs faiss, pip install "elmo-cache[pq]"; M divides the model\'s width) '
     "or opq:M (as pq:M, each vector rotated first by a rotation trained with the codebooks: closer vectors, a "
-    "dim x dim product per vector read). Reads return float32. Not with --fp16.",
+    "dim x dim product per vector read). Reads return float32. Not with --fp16. A pq/opq build of a corpus "
+    "too small for its codebooks (a larger cache than int8's) warns, naming both sizes.",
 )
 @click.option(
     "--codebook-sample",
@@ -93,8 +94,8 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--chunk-rows",
     type=int,
     default=None,
-    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers), or for a "
-    "corpus of fewer tokens the power of two that holds them (at least 16).",
+    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers); a corpus "
+    "of up to 4 such chunks is cut into as many equal chunks (multiples of 16 rows) in one file.",
 )
 @click.option(
     "--shard-rows",

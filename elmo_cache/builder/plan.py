@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.builder.options import BuildOptions
-from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
+from elmo_cache.builder.sizes import SMALL_CORPUS_CHUNKS, default_chunk_rows, default_shard_rows
 from elmo_cache.encoder.names import check_device_name, check_precision_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.hub import BUNDLED
@@ -175,12 +175,12 @@ class Plan:
             return self
         row_bytes = int(np.prod(self.row_shape(dim))) * np.dtype(self.dtype).itemsize
         chunk_rows = self.chunk_rows or default_chunk_rows(row_bytes)
-        # The corpus's tokens (an upper bound of its rows), counted only as far as one chunk: a corpus that fills
-        # a chunk keeps the byte rules, so the scan costs at most a chunk's worth of tokenising. The same corpus
-        # gives the same count, so a resumed build chunks as its first run did.
+        # The corpus's tokens (an upper bound of its rows), counted only as far as a few chunks: a larger corpus
+        # keeps the byte rules, so the scan costs at most that much tokenising (far less than encoding it). The
+        # same corpus gives the same count, so a resumed build chunks as its first run did.
         corpus_rows = None
         if corpus is not None and self.defaulted:
-            corpus_rows = corpus.count_tokens(chunk_rows)
+            corpus_rows = corpus.count_tokens(SMALL_CORPUS_CHUNKS * chunk_rows)
         if self.chunk_rows is None:
             chunk_rows = default_chunk_rows(row_bytes, corpus_rows)
         shard_rows = self.shard_rows or default_shard_rows(chunk_rows, row_bytes, corpus_rows)

@@ -11,6 +11,7 @@ import pytest
 import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build, default_chunk_rows, default_shard_rows
+from elmo_cache.builder.sizes import SMALL_CORPUS_CHUNKS
 from elmo_cache.errors import CacheExistsError
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.verify.checks import verify
@@ -30,14 +31,17 @@ def bundled_encoder(bundled_model):
     return Encoder.load(bundled_model, device="cpu")
 
 
-def test_the_corpus_rule_caps_the_byte_rule_at_the_power_of_two_that_holds_it():
+def test_the_corpus_rule_caps_the_byte_rule_at_the_corpus_rounded_to_16_rows():
     assert default_chunk_rows(BUNDLED_ROW_BYTES) == 1024  # no corpus size known: the byte rule alone
-    assert [default_chunk_rows(BUNDLED_ROW_BYTES, n) for n in (0, 1, 5, 16, 17, 600, 1024)] == [
-        16, 16, 16, 16, 32, 1024, 1024
+    assert [default_chunk_rows(BUNDLED_ROW_BYTES, n) for n in (0, 1, 5, 16, 17, 600, 1010, 1024)] == [
+        16, 16, 16, 16, 32, 608, 1024, 1024
     ]  # fmt: skip
+    # Past one chunk: equal chunks, each within the byte rule, padded by under 16 rows.
+    assert [default_chunk_rows(BUNDLED_ROW_BYTES, n) for n in (1025, 2110, 3000, 4096)] == [528, 704, 1008, 1024]
     assert default_chunk_rows(BUNDLED_ROW_BYTES, 10**6) == 1024  # a large corpus keeps the byte rule
     assert default_shard_rows(1024, BUNDLED_ROW_BYTES) == 85 * 1024  # 255 MiB: whole chunks within 256 MiB
     assert default_shard_rows(16, BUNDLED_ROW_BYTES, 5) == 16  # one chunk's shard: an index of one entry
+    assert default_shard_rows(608, BUNDLED_ROW_BYTES, 600) == 608
     assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 3000) == 3 * 1024
     assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 10**9) == 85 * 1024
 
@@ -61,12 +65,12 @@ def test_a_5_token_zarr_cache_is_small_on_disk_and_reads_its_vectors(tmp_path, b
     assert verify(cache).ok
 
 
-def test_a_corpus_of_more_than_one_default_chunk_keeps_the_byte_rule(tmp_path, bundled_encoder):
-    lines = [" ".join(["word"] * 11)] * 100  # 1,100 tokens: more than 1024 rows
-    corpus = write_corpus(tmp_path / "c.txt", [f"{i} {line}" for i, line in enumerate(lines)])
+def test_a_corpus_past_a_few_default_chunks_keeps_the_byte_rules(tmp_path, bundled_encoder):
+    assert SMALL_CORPUS_CHUNKS * default_chunk_rows(BUNDLED_ROW_BYTES) == 4096
+    corpus = write_corpus(tmp_path / "c.txt", [f"{i} " + " ".join(["word"] * 9) for i in range(420)])
     cache = build(corpus, BuildOptions(output=tmp_path / "c.zarr", progress=False), encoder=bundled_encoder).path
     meta, _ = raw_arrays(cache)
-    assert meta["n_tokens"] == 1200
+    assert meta["n_tokens"] == 4200  # not counted to the end: the scan stopped past 4096
     assert (
         (meta["chunk_rows"], meta["shard_rows"])
         == (1024, default_shard_rows(1024, BUNDLED_ROW_BYTES))
@@ -92,8 +96,8 @@ def test_a_resumed_build_chunks_as_its_first_run(tmp_path, tiny_encoder):
     options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False)
     reference = build(corpus, BuildOptions(output=tmp_path / "reference.zarr", **options), encoder=tiny_encoder)
     meta, _ = raw_arrays(reference.path)
-    # 1,342 tokens of 384-byte rows: 2048 rows, not the byte rule's 8192.
-    assert meta["n_tokens"] < 2048 and (meta["chunk_rows"], meta["shard_rows"]) == (2048, 2048)
+    # 1,342 tokens of 384-byte rows: 1,344 rows, not the byte rule's 8192.
+    assert meta["n_tokens"] == 1342 and (meta["chunk_rows"], meta["shard_rows"]) == (1344, 1344)
     output = tmp_path / "resumed.zarr"
     for fail_at in (7, 3):
         with failing_on(tiny_encoder, fail_at), pytest.raises(RuntimeError, match="simulated crash"):
@@ -122,6 +126,9 @@ def test_a_cache_or_interrupted_build_of_other_chunking_is_this_build_when_none_
     _, want = raw_arrays(complete.path)
     for name, array in want.items():
         np.testing.assert_array_equal(arrays[name], array, err_msg=name)
+    # --overwrite replaces what is there: nothing is adopted.
+    rebuilt = build(corpus, BuildOptions(output=complete.path, overwrite=True, **options), encoder=tiny_encoder)
+    assert (raw_arrays(rebuilt.path)[0]["chunk_rows"], raw_arrays(rebuilt.path)[0]["shard_rows"]) == (1344, 1344)
     # A chunking asked for is still compared: the cache there is not one of 16-row chunks.
     with pytest.raises(CacheExistsError, match="chunk_rows: 8192 there, 16 now"):
         build(corpus, BuildOptions(output=output, chunk_rows=16, **options), encoder=tiny_encoder)
