@@ -59,7 +59,8 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "vector: about half the bytes of --fp16), pq:M (M one-byte codes per vector, product quantisation with "
     'codebooks trained on the corpus: needs faiss, pip install "elmo-cache[pq]"; M divides the model\'s width) '
     "or opq:M (as pq:M, each vector rotated first by a rotation trained with the codebooks: closer vectors, a "
-    "dim x dim product per vector read). Reads return float32. Not with --fp16.",
+    "dim x dim product per vector read). Reads return float32. Not with --fp16. A pq/opq build of a corpus "
+    "too small for its codebooks (a larger cache than int8's) warns, naming both sizes.",
 )
 @click.option(
     "--codebook-sample",
@@ -93,13 +94,15 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--chunk-rows",
     type=int,
     default=None,
-    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers).",
+    help="zarr rows per chunk. Default: the most rows within 3 MiB (512 for Original fp16 layers); a corpus "
+    "of up to 4 such chunks is cut into as many equal chunks (multiples of 16 rows) in one file.",
 )
 @click.option(
     "--shard-rows",
     type=int,
     default=None,
-    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 256 MiB.",
+    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 256 MiB, no more than "
+    "the corpus fills.",
 )
 @click.option("--dedupe", is_flag=True, help="Encode and store repeated sentences once.")
 @model_options

@@ -66,7 +66,9 @@ class Classifier(nn.Module):
         self.out = nn.Linear(dim, n_classes)
 
     def forward(self, vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        mixed = self.mix(vectors)  # (batch, tokens, dim)
+        # The caches are --fp16 and collate keeps their float16 (half the bytes from the workers and to a GPU):
+        # cast here, where the float32 weights are.
+        mixed = self.mix(vectors.float())  # (batch, tokens, dim)
         weights = mask.unsqueeze(-1).float()
         pooled = (mixed * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         return self.out(self.dropout(self.norm(pooled)))

@@ -29,7 +29,7 @@ import numpy as np
 from elmo_cache.builder.staged_codebooks import stage_codebooks, staged_codebooks
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.progress import progress_bar
-from elmo_cache.rows.codecs import FLOAT32, RowCodec
+from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.store.format import BUILD_DIR
 
 if TYPE_CHECKING:
@@ -40,7 +40,10 @@ if TYPE_CHECKING:
     from elmo_cache.text.corpus import Corpus
 
 __all__ = [
+    "Int8Comparison",
+    "compare_with_int8",
     "corpus_windows",
+    "larger_than_int8",
     "ensure_codebooks",
     "final_arrays",
     "first_pass_windows",
@@ -48,6 +51,77 @@ __all__ = [
     "train_in_process",
     "train_on_ray",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Comparison:
+    """What a trained codec's cache of ``rows`` token rows takes against ``--quantize int8``'s, in bytes."""
+
+    # The scheme, as --quantize names it (pq:16).
+    name: str
+    rows: int
+    # The rows' codes plus the codec's trained values (pq: codebooks; opq: and rotations).
+    own_bytes: int
+    # Of which the trained values: paid once per cache, however few rows there are.
+    parameter_bytes: int
+    # The same rows in int8: codes and a float32 scale per vector.
+    int8_bytes: int
+    # Fewest rows at which the codec takes no more than int8 (None: it never does).
+    break_even_rows: int | None
+
+    def warning(self) -> str:
+        return (
+            f"--quantize {self.name}: this corpus's {self.rows:,} token rows take {self.own_bytes:,} bytes as "
+            f"{self.name} codes and codebooks ({self.parameter_bytes:,} bytes of codebooks, stored once), more than "
+            f"--quantize int8 would take ({self.int8_bytes:,} bytes of codes and scales)"
+            + (f"; {self.name} is smaller only from {self.break_even_rows:,} rows on" if self.break_even_rows else "")
+            + ". For a corpus this small, --quantize int8 gives a smaller cache and closer vectors"
+        )
+
+
+def compare_with_int8(plan: Plan, rows: int) -> Int8Comparison:
+    """The bytes of ``rows`` rows of ``plan`` (bound to the model: :meth:`Plan.with_model`) against int8's. The
+    codec's trained values are counted from :meth:`~elmo_cache.rows.codecs.RowCodec.parameters`'s float32 layout:
+    ``parameter_count`` where the codec has one (opq's rotations follow the centroids), else ``parameter_shape``."""
+    codec = plan.bound_codec()
+    dim = plan._dim(None)
+    selection_row = plan.selection.row_shape(dim)
+    slots = selection_row[0] if len(selection_row) == 2 else 1
+    int8 = codec_for_option("int8").bind(dim, slots)
+
+    def row_bytes(c: RowCodec) -> int:
+        return int(np.prod(c.stored_shape(selection_row))) * np.dtype(c.dtype).itemsize
+
+    values = getattr(codec, "parameter_count", None)
+    values = int(np.prod(codec.parameter_shape)) if values is None else int(values)
+    parameter_bytes = values * np.dtype("<f4").itemsize
+    own_row, int8_row = row_bytes(codec), row_bytes(int8)
+    saved = int8_row - own_row
+    break_even = -(-parameter_bytes // saved) if saved > 0 else None
+    return Int8Comparison(
+        codec.name, rows, rows * own_row + parameter_bytes, parameter_bytes, rows * int8_row, break_even
+    )
+
+
+def larger_than_int8(plan: Plan, source: Corpus) -> Int8Comparison | None:
+    """The comparison with int8 when ``plan``'s trained codec (pq, opq) makes a larger cache of ``source`` than
+    int8 would, else None (and for codecs that train nothing, and corpora read once: stdin, pipes).
+
+    The rows are the corpus's tokens (with --dedupe a cache has fewer rows, which only widens the gap: the
+    codebooks stay, the codes' savings shrink), counted only as far as the break-even: a corpus that passes it
+    is not read further."""
+    codec = plan.bound_codec()
+    if codec.training_vectors is None:
+        return None
+    at_zero = compare_with_int8(plan, 0)
+    if at_zero.parameter_bytes == 0:
+        return None
+    limit = at_zero.break_even_rows if at_zero.break_even_rows is not None else codec.training_vectors
+    rows = source.count_tokens(max(0, limit - 1))
+    if rows is None:
+        return None
+    comparison = compare_with_int8(plan, rows)
+    return comparison if comparison.own_bytes > comparison.int8_bytes else None
 
 
 def corpus_windows(source: Corpus, window_tokens: int) -> Iterator[Window]:

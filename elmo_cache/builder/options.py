@@ -42,10 +42,11 @@ class BuildOptions:
     pool_only: bool = False
     # zarr compressor: "none"/None, "zstd", "blosc-lz4", "blosc-zstd". HDF5 stays uncompressed (memmap).
     compression: str | None = None
-    # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB). Not valid for HDF5.
+    # zarr rows per vectors chunk; None: default_chunk_rows() (chunks of at most 3 MiB, no larger than a small corpus
+    # needs). Not valid for HDF5.
     chunk_rows: int | None = None
     # zarr rows per vectors file, a shard of whole chunks (a multiple of chunk_rows); None:
-    # default_shard_rows() (files of at most 256 MiB). Not valid for HDF5.
+    # default_shard_rows() (files of at most 256 MiB, no larger than a small corpus needs). Not valid for HDF5.
     shard_rows: int | None = None
     # Encode each distinct sentence once; repeated sentences point at its rows.
     dedupe: bool = False

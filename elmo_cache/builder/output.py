@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from elmo_cache.text.corpus import Corpus
 if TYPE_CHECKING:
     from elmo_cache.builder.engine import Engine
 
-__all__ = ["prepare_output", "check_resumed"]
+__all__ = ["prepare_output", "check_resumed", "adopt_chunking"]
 
 
 def prepare_output(
@@ -86,3 +86,32 @@ def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]
             f"{staging} holds an interrupted build with other options ({differences(there, identity)}); "
             "rerun it with its own options to resume it, or pass --overwrite to discard it"
         )
+
+
+def adopt_chunking(plan: Plan, identity_of: Callable[[Plan], dict[str, Any]]) -> Plan:
+    """``plan`` with the chunking of the cache or interrupted (local) build at its output when that differs from
+    this build's only in chunk_rows or shard_rows the command left to their defaults; else ``plan``.
+
+    The defaults follow the corpus's size and this version's rules, and chunking changes no vector: a cache
+    built under other defaults (an earlier version's, or before a corpus grew past one chunk) is still the
+    cache this command asks for, and its interrupted build resumes in the chunking it began with.
+    ``identity_of`` makes a plan's identity (the build's :func:`~elmo_cache.builder.plan.identity`)."""
+    if not plan.defaulted:
+        return plan
+    found = inspect_output(plan.output, plan.format)
+    if found.kind is OutputKind.COMPLETE and found.meta is not None:
+        there: dict[str, Any] | None = {**found.meta, "container": found.container}
+    else:
+        there = None if found.progress is None else found.progress.identity
+    if not there:
+        return plan
+    recorded = {name: there.get(name) for name in plan.defaulted}
+    if any(isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 for rows in recorded.values()):
+        return plan  # not a chunked cache's record: the identity comparison names the difference
+    chunking: dict[str, Any] = recorded
+    if all(getattr(plan, name) == rows for name, rows in chunking.items()):
+        return plan
+    adopted = dataclasses.replace(plan, **chunking)
+    if adopted.shard_rows is None or adopted.chunk_rows is None or adopted.shard_rows % adopted.chunk_rows:
+        return plan
+    return adopted if comparable_identity(there) == comparable_identity(identity_of(adopted)) else plan

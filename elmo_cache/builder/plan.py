@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.builder.options import BuildOptions
-from elmo_cache.builder.sizes import default_chunk_rows, default_shard_rows
+from elmo_cache.builder.sizes import SMALL_CORPUS_CHUNKS, default_chunk_rows, default_shard_rows
 from elmo_cache.encoder.names import check_device_name, check_precision_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.hub import BUNDLED
@@ -117,6 +117,10 @@ class Plan:
     pool_only: bool = False
     # The model's output width: None until with_model.
     dim: int | None = None
+    # Which of chunk_rows and shard_rows were not asked for (zarr): with_model fills in their defaults, which
+    # follow the corpus's size, and a cache or interrupted build there that differs only in them is still this
+    # build (adopt_chunking).
+    defaulted: tuple[str, ...] = ()
 
     def pooling(self) -> Pool | None:
         """What the ``pooled`` array holds (None: built without --pool)."""
@@ -158,19 +162,28 @@ class Plan:
         dim = self._dim(dim)
         return self.bound_codec(dim).stored_shape(self.selection.row_shape(dim))
 
-    def with_model(self, dim: int) -> Plan:
+    def with_model(self, dim: int, corpus: Corpus | None = None) -> Plan:
         """This plan once the model's output width ``dim`` is known: it keeps ``dim``, its codec is bound to it,
-        and the default chunk_rows and shard_rows are filled in."""
+        and the default chunk_rows and shard_rows are filled in (no larger than ``corpus`` needs, when it is
+        given and smaller than one default chunk)."""
         row = self.selection.row_shape(dim)
         plan = dataclasses.replace(self, dim=int(dim), codec=self.codec.bind(dim, row[0] if len(row) == 2 else 1))
-        return plan._with_chunks(dim)
+        return plan._with_chunks(dim, corpus)
 
-    def _with_chunks(self, dim: int) -> Plan:
+    def _with_chunks(self, dim: int, corpus: Corpus | None) -> Plan:
         if not get_container(self.format).chunked:
             return self
         row_bytes = int(np.prod(self.row_shape(dim))) * np.dtype(self.dtype).itemsize
         chunk_rows = self.chunk_rows or default_chunk_rows(row_bytes)
-        shard_rows = self.shard_rows or default_shard_rows(chunk_rows, row_bytes)
+        # The corpus's tokens (an upper bound of its rows), counted only as far as a few chunks: a larger corpus
+        # keeps the byte rules, so the scan costs at most that much tokenising (far less than encoding it). The
+        # same corpus gives the same count, so a resumed build chunks as its first run did.
+        corpus_rows = None
+        if corpus is not None and self.defaulted:
+            corpus_rows = corpus.count_tokens(SMALL_CORPUS_CHUNKS * chunk_rows)
+        if self.chunk_rows is None:
+            chunk_rows = default_chunk_rows(row_bytes, corpus_rows)
+        shard_rows = self.shard_rows or default_shard_rows(chunk_rows, row_bytes, corpus_rows)
         if shard_rows % chunk_rows:
             raise InvalidParameterError(
                 f"shard_rows: {shard_rows} is not a multiple of chunk_rows ({chunk_rows}); "
@@ -211,6 +224,7 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
         source.tokenization,
         pool,
         bool(options.pool_only),
+        defaulted=tuple(name for name, rows in (("chunk_rows", chunk_rows), ("shard_rows", shard_rows)) if not rows),
     )
 
 

@@ -1,6 +1,7 @@
 """How many rows a zarr ``vectors`` chunk and file (shard) hold when a build asks for none: rules in bytes,
 measured (the docstrings say where), so that reads stay fast and corpora of billions of tokens stay a
-manageable number of files."""
+manageable number of files; and a corpus of a few such chunks or less gets chunks cut to its size, since zarr
+pads the last chunk to full size (a 5-token cache would otherwise take 3 MiB)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_ROWS",
     "DEFAULT_SHARD_BYTES",
+    "MIN_CHUNK_ROWS",
+    "SMALL_CORPUS_CHUNKS",
     "default_chunk_rows",
     "default_shard_rows",
 ]
@@ -20,8 +23,27 @@ DEFAULT_CHUNK_ROWS = 512
 """What :func:`default_chunk_rows` gives Original-size layered float16 rows (6 KiB each)."""
 
 
-def default_chunk_rows(row_bytes: int) -> int:
-    """Rows per zarr chunk when none is asked for: the largest power of two within 3 MiB.
+MIN_CHUNK_ROWS = 16
+"""Fewest rows a default chunk holds, however small the corpus (the byte rule's own floor too); a small
+corpus's chunk is a multiple of it."""
+
+
+SMALL_CORPUS_CHUNKS = 4
+"""A build counts its corpus's tokens up to this many default chunks (and no further: the count reads the
+corpus): a corpus that fits is chunked to its size. Past it, one chunk's padding is under a quarter of the rows."""
+
+
+def default_chunk_rows(row_bytes: int, corpus_rows: int | None = None) -> int:
+    """Rows per zarr chunk when none is asked for: the largest power of two within 3 MiB; when the corpus's
+    rows are known (``corpus_rows``), its rows cut into that many chunks or fewer, of equal size rounded up to a
+    multiple of :data:`MIN_CHUNK_ROWS` (never more rows than the byte rule's).
+
+    The corpus rule: zarr stores every chunk whole, the last one padded, so a corpus of 5 tokens in one 3 MiB
+    chunk takes 3 MiB on disk (in 16 rows: 16 rows), and one of 2,110 int8 rows in 2,048-row chunks takes
+    4,096 (in two chunks of 1,056: 2,112). Equal chunks rounded to 16 rows, not powers of two, so that the
+    padding stays under 16 rows a chunk; the floor keeps tiny corpora from chunks of a row or two. A corpus
+    edited by a few tokens may change its chunking: a rebuild adopts the chunking of the cache there
+    (:func:`elmo_cache.builder.output.adopt_chunking`), and then names the corpus change.
 
     Measured with ``benchmarks/bench_build.py chunks`` (Original-size rows, 3 x 1024 fp16, 6 KiB
     each; 2-core VM): a random sentence read through zarr decodes whole chunks and cost 0.94 ms
@@ -31,9 +53,13 @@ def default_chunk_rows(row_bytes: int) -> int:
     memory-mapped reader is 0.01-0.1 ms whatever the size. Latency follows bytes, not rows, so
     the rule is in bytes: 512 rows for Original fp16 layers, 256 for fp32, 1024 for a fp16 mix.
     """
-    rows = 16
+    rows = MIN_CHUNK_ROWS
     while rows * 2 * row_bytes <= DEFAULT_CHUNK_BYTES and rows < 65536:
         rows *= 2
+    if corpus_rows is not None:
+        chunks = max(1, -(-corpus_rows // rows))
+        per_chunk = -(-corpus_rows // chunks)
+        rows = min(rows, max(MIN_CHUNK_ROWS, -(-per_chunk // MIN_CHUNK_ROWS) * MIN_CHUNK_ROWS))
     return rows
 
 
@@ -41,8 +67,10 @@ DEFAULT_SHARD_BYTES = 256 * 2**20
 """Largest zarr ``vectors`` file (shard) the default allows (see :func:`default_shard_rows`)."""
 
 
-def default_shard_rows(chunk_rows: int, row_bytes: int) -> int:
-    """Rows per zarr ``vectors`` file when none is asked for: the most whole chunks within 256 MiB.
+def default_shard_rows(chunk_rows: int, row_bytes: int, corpus_rows: int | None = None) -> int:
+    """Rows per zarr ``vectors`` file when none is asked for: the most whole chunks within 256 MiB, and, when
+    the corpus's rows are known (``corpus_rows``), no more chunks than hold them (a shard's index has an
+    entry per chunk it could hold: a 24 KiB chunk's 256 MiB shard would carry a 170 KiB index).
 
     zarr keeps each chunk in its own file unless chunks are grouped into shards. At 3 MiB chunks a
     100M-sentence corpus (2.5G tokens, Original layers in float16: 15 TB) would be 5M files, more
@@ -50,4 +78,7 @@ def default_shard_rows(chunk_rows: int, row_bytes: int) -> int:
     memory-mapped reader maps a shard as one block, so lookups cost the same
     (``benchmarks/bench_scale.py``), while compressed caches still decode one 3 MiB chunk per read.
     """
-    return max(1, DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes)) * chunk_rows
+    chunks = max(1, DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes))
+    if corpus_rows is not None:
+        chunks = min(chunks, max(1, -(-corpus_rows // chunk_rows)))
+    return chunks * chunk_rows

@@ -13,13 +13,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from elmo_cache.builder.codebooks import larger_than_int8
 from elmo_cache.builder.engine import BuildJob, Engine, other_engines
 from elmo_cache.builder.options import BuildOptions, BuildSummary, disk_bytes
-from elmo_cache.builder.output import prepare_output
-from elmo_cache.builder.plan import identity, make_plan
+from elmo_cache.builder.output import adopt_chunking, prepare_output
+from elmo_cache.builder.plan import Plan, identity, make_plan
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.identity import ModelDescription
 from elmo_cache.store import OutputKind
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["build_cache", "model_description"]
 
+# Warnings about the build as asked (stderr through logging's last resort when the application configures none).
+_log = logging.getLogger("elmo_cache.builder")
+
 
 def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: Encoder | None = None) -> BuildSummary:
     """The build of ``source`` by ``engine``, through the steps above (``encoder``: the one to use
@@ -41,8 +46,14 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
     engine.check(source, plan)
     with output_lock(plan.output):  # held for the whole build, by the driver for the ray workers too
         model, files = model_description(options, encoder)
-        plan = plan.with_model(model.output_dim)
-        ident = identity(plan, model.identity, dedupe=bool(options.dedupe))
+        plan = plan.with_model(model.output_dim, source)
+
+        def identity_of(plan: Plan) -> dict[str, Any]:
+            return identity(plan, model.identity, dedupe=bool(options.dedupe))
+
+        if not options.overwrite:  # what is there goes: nothing to adopt
+            plan = adopt_chunking(plan, identity_of)
+        ident = identity_of(plan)
         job = BuildJob(source, options, plan, model, files, ident, began)
         with engine.session(job):
             found = prepare_output(plan, ident, options.overwrite, [engine, *other_engines(engine)], source)
@@ -50,6 +61,9 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
                 assert found.meta is not None
                 meta = found.meta
                 return BuildSummary.already_there(plan.output, plan.format, meta, engine.name)
+            if found.kind is OutputKind.FRESH and (larger := larger_than_int8(plan, source)) is not None:
+                # Before the codebooks are trained (the long phase), once: a resumed build was told at its start.
+                _log.warning(larger.warning())
             run = engine.start(job, found)
             run.run()
             done = run.finish()

@@ -147,7 +147,8 @@ class Batch(NamedTuple):
     """What :func:`collate` returns; a field given by name is also an attribute (``batch.labels``)."""
 
     # (batch, n_layers, max_tokens, dim) for layered caches, (batch, max_tokens, dim) for mixed; zero padded;
-    # float32 unless collate was asked for another dtype
+    # the dtype cache[i] reads in (float16 for a --fp16 cache, float32 for a float32 or quantised one) unless
+    # collate was asked for another
     vectors: torch.Tensor
     # bool (batch, max_tokens): True where a real token is
     mask: torch.Tensor
@@ -184,13 +185,15 @@ def _collate_field(values: list[Any]) -> Any:
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def collate(batch: Sequence[Any], dtype: torch.dtype | str = torch.float32) -> Batch:
+def collate(batch: Sequence[Any], dtype: torch.dtype | str = "stored") -> Batch:
     """Pad a list of ``CacheDataset`` items into a :class:`Batch` of tensors plus a mask.
 
-    ``dtype``: the vectors' dtype, float32 by default (as before: a float16 batch would not go into a
-    float32 model); ``"stored"`` keeps a ``--fp16`` cache's float16 as it is (half the bytes to copy and
-    move to the GPU; a quantised cache decodes to float32), or any floating torch dtype. With a
-    DataLoader: ``collate_fn=functools.partial(collate, dtype="stored")``.
+    ``dtype``: the vectors' dtype. The default, ``"stored"``, is the dtype ``cache[i]`` reads in: a
+    ``--fp16`` cache's float16 stays float16 (half the bytes to copy and to move to the GPU), a float32
+    cache gives float32, and a quantised cache (int8, pq, opq) decodes to float32. Any floating torch dtype
+    may be asked for instead; a float32 model fed from a ``--fp16`` cache either casts the batch itself
+    (``batch.vectors.float()``, after the move to the GPU: half the bytes moved) or asks here, with a
+    DataLoader as ``collate_fn=functools.partial(collate, dtype=torch.float32)``.
     """
     if not batch:
         raise InvalidParameterError("collate: empty batch")

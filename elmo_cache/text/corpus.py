@@ -37,6 +37,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import BinaryIO
 
@@ -248,3 +249,22 @@ class Corpus:
         finally:
             f.close()
         return count + (last != b"\n")
+
+    def count_tokens(self, limit: int) -> int | None:
+        """Number of tokens, as :meth:`sentences` splits them, when there are at most ``limit``; ``None`` when
+        there are more, and for stdin or pipes (which cannot be read twice) or damage (which the real pass
+        reports with its line number). Reading stops once ``limit`` is passed: the cost is bounded by
+        ``limit``, not by the corpus."""
+        if not self.is_regular_file:
+            return None
+        count = 0
+        try:
+            sentences = self.sentences()
+            with closing(sentences):  # type: ignore[type-var]  # a generator: close() ends the file's read
+                for _, tokens in sentences:
+                    count += len(tokens)
+                    if count > limit:
+                        return None
+        except CorpusError:
+            return None
+        return count

@@ -157,18 +157,20 @@ def test_metadata_follows_the_format(tmp_path, corpus, tiny_encoder):
         " ".join(line.split()) for line in LINES
     ]
     assert meta["checksums"]["algorithm"] == "crc32" and (output / meta["checksums"]["file"]).is_file()
-    assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4) == 8192 and meta["compression"] is None
-    # vectors files are shards of whole chunks, at most 256 MiB: 1M rows of 256 bytes here.
-    assert meta["shard_rows"] == default_shard_rows(8192, 2 * 32 * 4) == 2**20
+    # The corpus (331 tokens) is smaller than a default chunk (8192 rows of 256 bytes): its chunk and its one
+    # vectors file (a shard of one chunk) hold its tokens rounded up to 16 rows, not 8192 padded rows.
+    n_tokens = meta["n_tokens"]
+    assert n_tokens == 331 and meta["compression"] is None
+    assert meta["chunk_rows"] == default_chunk_rows(2 * 32 * 4, n_tokens) == 336
+    assert meta["shard_rows"] == default_shard_rows(336, 2 * 32 * 4, n_tokens) == 336
     vectors_meta = json.loads((output / "vectors" / "zarr.json").read_text())
-    assert vectors_meta["chunk_grid"]["configuration"]["chunk_shape"] == [2**20, 2, 32]
+    assert vectors_meta["chunk_grid"]["configuration"]["chunk_shape"] == [336, 2, 32]
     (sharding,) = vectors_meta["codecs"]
-    assert sharding["name"] == "sharding_indexed" and sharding["configuration"]["chunk_shape"] == [8192, 2, 32]
-    # One small file for this small cache: the last shard holds only the chunks that exist.
+    assert sharding["name"] == "sharding_indexed" and sharding["configuration"]["chunk_shape"] == [336, 2, 32]
     assert [p.relative_to(output).as_posix() for p in (output / "vectors" / "c").rglob("*") if p.is_file()] == [
         "vectors/c/0/0/0"
     ]
-    assert (output / "vectors/c/0/0/0").stat().st_size == 8192 * 2 * 32 * 4 + 128 * 16 + 4
+    assert (output / "vectors/c/0/0/0").stat().st_size == 336 * 2 * 32 * 4 + 1 * 16 + 4  # rows, index, CRC
     assert meta["dim"] == tiny_encoder.output_dim == arrays["vectors"].shape[-1]
     assert meta["model"] == tiny_encoder.identity
     assert meta["tokenization"] == "whitespace" and meta["sentence_hash"] == "blake2b-64-le"

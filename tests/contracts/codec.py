@@ -138,8 +138,12 @@ class CodecContract:
         for n in (4, 0, 6, 1):
             stored = codec.encode(torch.from_numpy(encoder_like(n, slots, n)))
             items.append(codec.raw(stored.transpose(1, 0, 2) if slots > 1 else stored[:, 0]))
-        batch = collate(items)
+        # By default a batch is in the dtype cache[i] reads in (a float16 cache's stays float16); float32 asked.
+        read_dtype = torch.from_numpy(np.empty(0, dtype=codec.read_dtype)).dtype
+        assert collate(items).vectors.dtype == read_dtype
+        batch = collate(items, dtype=torch.float32)
         assert batch.vectors.dtype == torch.float32
+        assert torch.equal(collate(items).vectors.float(), batch.vectors)
         assert batch.lengths.tolist() == [4, 0, 6, 1] and batch.mask.sum().item() == 11
         vectors = batch.vectors.numpy()
         for b, item in enumerate(items):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -66,12 +68,12 @@ def test_collate_layered(layered):
     ds = CacheDataset(layered, labels, [f"s{i}" for i in range(len(LINES))])
     items = [ds[i] for i in (40, 6, 1)]  # empty, 8 tokens, 3 tokens
     batch = collate(items)
-    assert batch.vectors.shape == (3, 2, 8, 32) and batch.vectors.dtype == torch.float32
+    assert batch.vectors.shape == (3, 2, 8, 32) and batch.vectors.dtype == torch.float16  # the fp16 cache's own
     assert batch.lengths.tolist() == [0, 8, 3]
     assert batch.mask.dtype == torch.bool and batch.mask.sum(1).tolist() == [0, 8, 3]
     for b, (array, *_) in enumerate(items):
         n = array.shape[1]
-        np.testing.assert_array_equal(batch.vectors[b, :, :n].numpy(), array.astype(np.float32))
+        np.testing.assert_array_equal(batch.vectors[b, :, :n].numpy(), array)
         assert not batch.vectors[b, :, n:].any()
     assert batch.fields[0].tolist() == [labels[40], labels[6], labels[1]]
     assert batch.fields[1] == ["s40", "s6", "s1"]
@@ -161,35 +163,62 @@ def test_field_names_are_checked(layered):
         CacheDataset(layered, ids=[1, 2, 3])
 
 
-def test_collate_keeps_float16_when_asked_and_casts_to_any_float(layered, mixed):
-    ds = CacheDataset(layered)
-    items = [ds[i] for i in (40, 6, 1)]
+@pytest.fixture(scope="module")
+def bundled_caches(tmp_path_factory, bundled_model):
+    """An fp16 and an int8 zarr cache of a few LINES, built with the bundled (trained) model."""
+    directory = tmp_path_factory.mktemp("bundled")
+    encoder = Encoder.load(bundled_model, device="cpu")
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(LINES[:8]) + "\n", encoding="utf-8")
+    made = {}
+    for name, extra in (("fp16", {"fp16": True}), ("int8", {"quantize": "int8"})):
+        options = BuildOptions(output=directory / f"{name}.zarr", progress=False, device="cpu", **extra)
+        made[name] = build(corpus, options, encoder=encoder).path
+    return made
+
+
+def test_collate_keeps_a_float16_cache_float16_unless_asked(bundled_caches):
+    ds = CacheDataset(bundled_caches["fp16"])
+    items = [ds[i] for i in (6, 0, 3)]
+    assert items[0].dtype == np.float16
     default = collate(items)
-    stored = collate(items, dtype="stored")
-    assert default.vectors.dtype == torch.float32 and stored.vectors.dtype == torch.float16
+    assert default.vectors.dtype == torch.float16 and default.vectors.shape == (3, 3, 8, 256)
     for b, array in enumerate(items):
         n = array.shape[1]
-        np.testing.assert_array_equal(stored.vectors[b, :, :n].numpy(), array)  # the stored bits, not a round trip
-        assert not stored.vectors[b, :, n:].any()
-    assert torch.equal(stored.vectors.float(), default.vectors)
+        np.testing.assert_array_equal(default.vectors[b, :, :n].numpy(), array)  # the stored bits, not a round trip
+        assert not default.vectors[b, :, n:].any()
+    assert torch.equal(collate(items, dtype="stored").vectors, default.vectors)  # "stored" is the default, spelled
+    as_float32 = collate(items, dtype=torch.float32)
+    assert as_float32.vectors.dtype == torch.float32
+    assert torch.equal(as_float32.vectors, default.vectors.float())  # float16 -> float32 is exact
+    # Through a DataLoader as the README writes it: the default, and float32 asked for by functools.partial.
+    loader = DataLoader(ds, batch_size=4, collate_fn=collate)
+    assert {b.vectors.dtype for b in loader} == {torch.float16}
+    loader = DataLoader(ds, batch_size=4, collate_fn=functools.partial(collate, dtype=torch.float32))
+    assert {b.vectors.dtype for b in loader} == {torch.float32}
+
+
+def test_collate_casts_to_any_float_and_refuses_others(layered, mixed):
+    items = [CacheDataset(layered)[i] for i in (40, 6, 1)]
     bf16 = collate(items, dtype=torch.bfloat16)
     assert bf16.vectors.dtype == torch.bfloat16
-    assert torch.equal(bf16.vectors, default.vectors.to(torch.bfloat16))
-    assert collate([CacheDataset(mixed)[0]], dtype="stored").vectors.dtype == torch.float32  # a float32 cache
+    assert torch.equal(bf16.vectors, collate(items, dtype=torch.float32).vectors.to(torch.bfloat16))
+    assert collate([CacheDataset(mixed)[0]]).vectors.dtype == torch.float32  # a float32 cache stays float32
     with pytest.raises(InvalidParameterError, match=r"dtype: torch.int8 is not a choice; use 'stored'"):
         collate(items, dtype=torch.int8)
+    with pytest.raises(InvalidParameterError, match=r"dtype: 'float16' is not a choice"):
+        collate(items, dtype="float16")  # a string other than "stored": refused, not taken as a dtype name
 
 
-def test_collate_dtype_on_a_quantised_cache(tmp_path):
-    options, weights = write_random_model(tmp_path / "model", "tiny", seed=5)
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n".join(LINES[:6]) + "\n", encoding="utf-8")
-    options_ = BuildOptions(output=tmp_path / "q.zarr", quantize="int8", progress=False, device="cpu")
-    path = build(corpus, options_, encoder=Encoder.load((options, weights), device="cpu")).path
-    ds = CacheDataset(path)
-    items = [ds[i] for i in range(3)]
+def test_collate_decodes_a_quantised_cache_to_float32(bundled_caches):
+    ds = CacheDataset(bundled_caches["int8"])
+    items = [ds[i] for i in range(4)]
     decoded = collate(items)
-    assert collate(items, dtype="stored").vectors.dtype == torch.float32  # codes decode to float32
+    assert decoded.vectors.dtype == torch.float32  # codes decode to float32 whatever the default keeps
+    with elmo_cache.open(bundled_caches["int8"]) as cache:
+        for b in range(4):
+            n = cache.lengths[b]
+            np.testing.assert_array_equal(decoded.vectors[b, :, :n].numpy(), cache[b])
     assert torch.equal(collate(items, dtype=torch.float16).vectors, decoded.vectors.half())
 
 
