@@ -79,8 +79,25 @@ def load_encoder(args, workdir: Path):
     return Encoder.load((options, weights), device=args.device, precision=args.precision)
 
 
+def _build_options(args, output: Path, batch_tokens: int):
+    """The options throughput and pipeline build with: the command line's storage choices, nothing else."""
+    from elmo_cache.builder import BuildOptions
+
+    return BuildOptions(
+        output=output,
+        format=args.format,
+        overwrite=True,
+        progress=False,
+        batch_tokens=batch_tokens,
+        layers=args.layers,
+        fp16=args.fp16,
+        quantize=args.quantize,
+        dedupe=args.dedupe,
+    )
+
+
 def throughput(args) -> None:
-    from elmo_cache.builder import BuildOptions, build
+    from elmo_cache.builder import build
     from elmo_cache.text.tokenize import tokenize
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,20 +136,7 @@ def throughput(args) -> None:
             on_device.append(tokens / (time.perf_counter() - start))
             output = workdir / ("cache.zarr" if args.format == "zarr" else "cache.h5")
             start = time.perf_counter()
-            build(
-                corpus,
-                BuildOptions(
-                    output=output,
-                    overwrite=True,
-                    progress=False,
-                    batch_tokens=batch_tokens,
-                    layers=args.layers,
-                    fp16=args.fp16,
-                    quantize=args.quantize,
-                    dedupe=args.dedupe,
-                ),
-                encoder=encoder,
-            )
+            build(corpus, _build_options(args, output, batch_tokens), encoder=encoder)
             full.append(tokens / (time.perf_counter() - start))
             print(
                 f"  run {repeat + 1}: encoder to host arrays {pure[-1]:,.0f} tok/s, encoder alone (outputs left on "
@@ -149,7 +153,7 @@ def pipeline(args) -> None:
     """The build with the model's forward replaced by a slice of random vectors already on the device: reading,
     hashing, window cutting, selection and cast, copies to the host, block sums, staging, writing and publishing
     at the rate they alone allow. A build cannot be faster than this whatever the encoder's speed."""
-    from elmo_cache.builder import BuildOptions, build
+    from elmo_cache.builder import build
     from elmo_cache.text.tokenize import tokenize
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,20 +192,7 @@ def pipeline(args) -> None:
                 yappi.set_clock_type("wall")
                 yappi.start()
             start = time.perf_counter()
-            summary = build(
-                corpus,
-                BuildOptions(
-                    output=output,
-                    format=args.format,
-                    overwrite=True,
-                    progress=False,
-                    batch_tokens=batch_tokens,
-                    layers=args.layers,
-                    fp16=args.fp16,
-                    quantize=args.quantize,
-                ),
-                encoder=encoder,
-            )
+            summary = build(corpus, _build_options(args, output, batch_tokens), encoder=encoder)
             seconds = time.perf_counter() - start
             if profiling:
                 yappi.stop()
