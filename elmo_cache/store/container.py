@@ -65,6 +65,9 @@ class OutputState:
     meta: dict[str, Any] | None = None
     # The committed progress of the interrupted build in the staging folder (RESUMABLE only).
     progress: Progress | None = None
+    # The metadata of the complete cache at the output that this build updates (``build --update`` given another
+    # version of its corpus: FRESH or RESUMABLE, the staging beside the cache); None for any other build.
+    updating: dict[str, Any] | None = None
 
 
 def inspect_store(
