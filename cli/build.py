@@ -142,7 +142,7 @@ cache up to date, re-encoding only the windows of new or changed lines.
     help="The cache at the output was built from an older version of CORPUS: bring it up to date in place. The "
     "stored rows of unchanged lines are copied and only the windows holding new or changed lines are encoded; "
     "the result equals a fresh build's, byte for byte. Same options as the cache's (--batch-tokens: the cache's "
-    "when left out); local engine only. Without a cache at the output it is an ordinary build."
+    "when left out); local engine only. Without a cache at the output it is an ordinary build.",
 )
 @click.option(
     "--engine",

@@ -76,7 +76,7 @@ class Window:
     lengths: np.ndarray  # int32
 
 
-WINDOW_RULE = {"cut": "content-defined", "version": 1}
+WINDOW_RULE: dict[str, int | str] = {"cut": "content-defined", "version": 1}
 """The rule :class:`WindowCutter` cuts by, as the metadata's ``windows`` records it (docs/FORMAT.md): an update
 reuses a cache's windows only when they were cut by this rule with the same sizes."""
 

@@ -344,7 +344,15 @@ class LocalRun:
                 stored = StoredWindows(job.plan.output, self.updating, window_tokens, self.writer.layout.row_shape)
                 stored.usable = self._same_codebooks(stored)
             _run(
-                job.source, job.plan, job.options, self.encoder, self.writer, self.began, batch_tokens, stored, self.counts
+                job.source,
+                job.plan,
+                job.options,
+                self.encoder,
+                self.writer,
+                self.began,
+                batch_tokens,
+                stored,
+                self.counts,
             )
 
     def _same_codebooks(self, stored: StoredWindows) -> bool:

@@ -118,7 +118,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("suffix", "edit", "extra"), CASES)
-def test_an_update_equals_a_fresh_build_and_encodes_only_the_changed_windows(tmp_path, tiny_encoder, suffix, edit, extra):
+def test_an_update_equals_a_fresh_build_and_encodes_only_the_changed_windows(
+    tmp_path, tiny_encoder, suffix, edit, extra
+):
     old = corpus_lines(N, seed=11)
     new = edited(old, edit)
     corpus = write_corpus(tmp_path / "c.txt", old)
@@ -226,7 +228,9 @@ def test_what_an_update_refuses_or_does_not_need(tmp_path, tiny_encoder, monkeyp
         build(corpus, BuildOptions(output=output.with_suffix(".zarr"), update=True, **options), engine="ray")
     assert output.read_bytes() == before
     # --batch-tokens left out: the cache's own.
-    summary = build(corpus, BuildOptions(output=output, update=True, progress=False, window_batches=8), encoder=tiny_encoder)
+    summary = build(
+        corpus, BuildOptions(output=output, update=True, progress=False, window_batches=8), encoder=tiny_encoder
+    )
     assert summary.updated and summary.lines_reused > 0
     assert elmo_cache.open(output).metadata["windows"] == {
         "cut": "content-defined",
