@@ -137,22 +137,22 @@ def compare(stored: np.ndarray, new: np.ndarray, *, stored_is_prefix: bool = Fal
     return CorpusChanges(both, len(new_mid) - both, len(old_mid) - both, prefix)
 
 
-def check_same_corpus(output: Path, meta: dict[str, Any], source: Corpus, *, update: bool = False) -> bool:
-    """Whether ``source`` is the corpus the complete cache at ``output`` (metadata ``meta``) was built from (a
+def check_same_corpus(
+    output: Path, meta: dict[str, Any], source: Corpus, *, update: bool = False
+) -> CorpusChanges | None:
+    """None when ``source`` is the corpus the complete cache at ``output`` (metadata ``meta``) was built from (a
     version-1 cache stores no tokens: it is taken as it is). Another corpus raises :class:`CorpusChangedError`
-    unless ``update`` (``build --update``), which returns False."""
+    unless ``update`` (``build --update``), which gets what changed."""
     new = line_hashes(source)
     recorded = meta.get("corpus")
     if isinstance(recorded, dict) and recorded == corpus_entry(lambda a, b: new[a:b], len(new)):
-        return True
+        return None
     stored = stored_line_hashes(output)
     if stored is None:
-        return True
+        return None
     changes = compare(stored, new)
-    if changes is None:
-        return True
-    if update:
-        return False
+    if changes is None or update:
+        return changes
     raise CorpusChangedError(
         f"{output} was built from another version of {source.name} ({len(stored)} lines, now {len(new)}): "
         f"{changes.describe()}. Its row i would no longer be line i of the corpus. Pass --update to bring it up "

@@ -301,6 +301,7 @@ class LocalRun:
         self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
         # The metadata of the cache this build updates in place (build --update), else None.
         self.updating = found.updating
+        self.unchanged_lines = found.unchanged_lines
         device_type = getattr(getattr(encoder, "device", None), "type", "cpu")
         self.batch_tokens = (
             default_batch_tokens(options, device_type)
@@ -343,6 +344,9 @@ class LocalRun:
             if self.updating is not None:
                 stored = StoredWindows(job.plan.output, self.updating, window_tokens, self.writer.layout.row_shape)
                 stored.usable = self._same_codebooks(stored)
+                link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
+                if link is not None and stored.usable:
+                    self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
             _run(
                 job.source,
                 job.plan,

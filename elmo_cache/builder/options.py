@@ -119,6 +119,8 @@ class BuildSummary:
     lines_encoded: int = 0
     windows_reused: int = 0
     lines_reused: int = 0
+    # zarr, an update: vectors files of the old cache kept as they are (hard links: their bytes not written again).
+    files_linked: int = 0
 
     @classmethod
     def already_there(cls, output: Path, format: str, meta: Mapping[str, Any], engine: str) -> BuildSummary:
@@ -138,6 +140,7 @@ class BuildSummary:
             resumed += (
                 f"; updated: {self.windows_encoded:,} of {windows:,} windows encoded ({self.lines_encoded:,} lines), "
                 f"the rows of {self.lines_reused:,} lines reused"
+                + (f", {self.files_linked:,} vectors files kept as they were" if self.files_linked else "")
             )
         engine = ""
         if self.engine != "local":

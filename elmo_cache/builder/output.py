@@ -67,8 +67,9 @@ def prepare_output(
             raise CacheExistsError(
                 f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
             )
-        if source is not None and not check_same_corpus(output, meta, source, update=update):
-            return _update_state(plan, identity, meta)
+        changes = None if source is None else check_same_corpus(output, meta, source, update=update)
+        if changes is not None:
+            return _update_state(plan, identity, meta, changes.first)
         remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
         if staging.exists():
             remove_output(staging)
@@ -87,17 +88,19 @@ def prepare_output(
     return dataclasses.replace(found, kind=OutputKind.RESUMABLE)
 
 
-def _update_state(plan: Plan, identity: dict[str, Any], meta: dict[str, Any]) -> OutputState:
+def _update_state(plan: Plan, identity: dict[str, Any], meta: dict[str, Any], unchanged: int) -> OutputState:
     """The state of an update of the complete cache at the output (metadata ``meta``): the interrupted update
     in its staging resumed when it is one of the same options (its committed lines are checked against the
     corpus as any resume's are), else a fresh staging beside the cache."""
     staging = staging_path(plan.output)
     progress = load_progress(plan.output) if staging.exists() else None
     if progress is not None and comparable_identity(progress.identity) == comparable_identity(identity):
-        return OutputState(OutputKind.RESUMABLE, plan.format, progress=progress, updating=meta)
+        return OutputState(
+            OutputKind.RESUMABLE, plan.format, progress=progress, updating=meta, unchanged_lines=unchanged
+        )
     if staging.exists():
         remove_output(staging)
-    return OutputState(OutputKind.FRESH, plan.format, updating=meta)
+    return OutputState(OutputKind.FRESH, plan.format, updating=meta, unchanged_lines=unchanged)
 
 
 def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]) -> None:

@@ -47,6 +47,8 @@ class WindowCounts:
     lines_encoded: int = 0
     windows_reused: int = 0
     lines_reused: int = 0
+    # zarr: vectors files of the updated cache taken as they are (hard links), not written again.
+    files_linked: int = 0
 
     def summary(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -111,10 +113,20 @@ class StoredWindows:
         ends = self.offsets + self.lengths
         before = np.concatenate([[0], np.maximum.accumulate(ends)[:-1]]) if n else ends
         self.encoded = self.offsets >= before
+        # The row each line's rows would start at: where every earlier line's end.
+        self.row_at = np.concatenate([[0], np.maximum.accumulate(ends)]) if n else np.zeros(1, np.int64)
+        self.bounds = window_bounds(keys, self.lengths, window_tokens)
         self.windows: dict[bytes, list[tuple[int, int]]] = {}
-        for first, stop in window_bounds(keys, self.lengths, window_tokens):
+        for first, stop in self.bounds:
             self.windows.setdefault(_digest(keys[first:stop], self.lengths[first:stop]), []).append((first, stop))
         self.usable = True
+
+    def unchanged_rows(self, unchanged_lines: int) -> int:
+        """The rows a build of a corpus that shares its first ``unchanged_lines`` lines with this cache writes as
+        the cache holds them, at the same places: those of the windows before the first change. (Not the last
+        window: a corpus's end cuts it, which a longer corpus may not.)"""
+        before = [stop for _, stop in self.bounds[:-1] if stop <= unchanged_lines]
+        return int(self.row_at[before[-1]]) if before else 0
 
     def rows(self, window: Window, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The stored rows of ``window``'s encoded (``new``) sentences in line order, and with ``--pool`` its

@@ -254,3 +254,39 @@ def test_a_cache_cut_before_content_defined_windows_is_refused(tmp_path, tiny_en
     with pytest.raises(CacheExistsError, match="before windows were cut by content.*--overwrite"):
         build(corpus, BuildOptions(output=output, update=True, progress=False, **SIZES), encoder=tiny_encoder)
     assert len(elmo_cache.open(output)) == 40
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_zarr_update_keeps_the_vectors_files_before_the_change_and_resumes(tmp_path, tiny_encoder, compression):
+    """The vectors files wholly before the first changed window are the old cache's own files (hard links: not
+    written again), also when the update was interrupted after committing some of their rows and resumed."""
+    old = corpus_lines(N, seed=16)
+    new = edited(old, "append")
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    options = {**SIZES, "progress": False, "commit_seconds": 0, "chunk_rows": 16, "shard_rows": 256}
+    options["compression"] = compression
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    files = sorted((output / "vectors" / "c").rglob("*"))
+    inodes = {p.relative_to(output): p.stat().st_ino for p in files if p.is_file()}
+    assert len(inodes) > 10
+    write_corpus(corpus, new)
+
+    def failing(sentences):
+        raise RuntimeError("simulated crash")
+
+    tiny_encoder.encode_flat = failing  # an append: the first window to encode is near the end
+    try:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    finally:
+        del tiny_encoder.encode_flat
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    assert summary.updated and summary.resumed_from > 0 and summary.files_linked > 10
+    assert "vectors files kept as they were" in str(summary)
+    kept = [name for name, inode in inodes.items() if (output / name).stat().st_ino == inode]
+    assert len(kept) == summary.files_linked
+    fresh = tmp_path / "fresh.zarr"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
+    assert verify(output).ok
