@@ -13,8 +13,12 @@ the corpus did not change. For each window of the new corpus (:class:`StoredWind
   lines it encoded must be the same ones): its rows are copied, read through the cache's block sums;
 * otherwise it is encoded, as a fresh build encodes it.
 
-So the encoding cost follows the change (the windows holding changed lines, plus the one or two after an
-edit before the cuts meet again); the bytes written do not yet: every row is written into the new cache.
+So the encoding cost follows the change (the windows holding changed lines, plus the one after an edit
+before the cuts meet again, sometimes). The bytes written follow it only in part: a zarr cache's vectors
+files that lie wholly before the first changed window are the old cache's own files, hard-linked
+(:meth:`ZarrWriter.link_unchanged <elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending
+writes the last files and the per-line arrays; every row after an edit in the middle moves and is written
+again, and an HDF5 cache (one file) is written whole.
 A cache written before the windows were recorded (metadata ``windows``), or cut and batched with other
 sizes, cannot give a fresh build's bytes: the update refuses it and says how to rebuild.
 """
