@@ -49,7 +49,7 @@ from elmo_cache.builder.output import check_resumed
 from elmo_cache.builder.plan import Plan, metadata, options_json
 from elmo_cache.builder.update import StoredWindows, WindowCounts, update_batch_tokens
 from elmo_cache.errors import CorpusChangedError, CorpusError, ElmoCacheError, InvalidParameterError
-from elmo_cache.store import OutputKind, OutputState, Progress, Writer, staging_path, writer_class
+from elmo_cache.store import OutputKind, OutputState, Progress, Writer, open_cache_arrays, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -343,7 +343,7 @@ class LocalRun:
             stored = None
             if self.updating is not None:
                 stored = StoredWindows(job.plan.output, self.updating, window_tokens, self.writer.layout.row_shape)
-                stored.usable = self._same_codebooks(stored)
+                stored.usable = self._same_codebooks()
                 link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
                 if link is not None and stored.usable:
                     self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
@@ -359,14 +359,12 @@ class LocalRun:
                 self.counts,
             )
 
-    def _same_codebooks(self, stored: StoredWindows) -> bool:
+    def _same_codebooks(self) -> bool:
         """Whether the rows of the cache being updated are codes of this build's codebooks: a pq/opq cache's are
         trained on the corpus's first rows, which an edit there changes (then every window is encoded)."""
         plan = self.job.plan
         if plan.codec.training_vectors is None or not self.writer.layout.token_rows:
             return True
-        from elmo_cache.store import open_cache_arrays
-
         _, _, arrays, _ = open_cache_arrays(plan.output)
         for name, values in final_arrays(self.writer.staging, plan).items():
             there = arrays.get(name)

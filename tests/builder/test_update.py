@@ -290,3 +290,16 @@ def test_a_zarr_update_keeps_the_vectors_files_before_the_change_and_resumes(tmp
     build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
     assert_same_bytes(output, fresh)
     assert verify(output).ok
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_an_update_to_an_empty_corpus_is_a_fresh_build_of_it(tmp_path, tiny_encoder, suffix):
+    corpus = write_corpus(tmp_path / "c.txt", corpus_lines(40, seed=17))
+    output = tmp_path / f"c{suffix}"
+    build(corpus, BuildOptions(output=output, progress=False, **SIZES), encoder=tiny_encoder)
+    corpus.write_bytes(b"")
+    summary = build(corpus, BuildOptions(output=output, update=True, progress=False, **SIZES), encoder=tiny_encoder)
+    assert summary.updated and summary.n_sentences == 0 and summary.lines_reused == 0
+    fresh = tmp_path / f"fresh{suffix}"
+    build(corpus, BuildOptions(output=fresh, progress=False, **SIZES), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
