@@ -13,7 +13,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.blocksums import BlockSummer, write_sums_file
-from elmo_cache.store.durable import ChunkedColumn, RawColumn
+from elmo_cache.store.durable import ChunkedColumn, RawColumn, fsync_path
 from elmo_cache.store.format import BLOCK_SUMS, CHECKSUMS_FILE, checksum
 from elmo_cache.store.staging import Layout, Progress, Writer
 from elmo_cache.store.zarr.read import open_arrays
@@ -164,6 +164,8 @@ class ZarrWriter(Writer):
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                     raise
                 shutil.copyfile(old, final)
+                fsync_path(final)
+            fsync_path(final.parent, directory=True)  # the link is durable before a commit counts its rows
             write_sums_file(sums_path(self.staging, k), np.asarray(block_sums[k * chunks : (k + 1) * chunks]))
             size, crc = recorded[final.relative_to(self.staging).as_posix()]
             self._linked[k] = (int(size), int(crc))
