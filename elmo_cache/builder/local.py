@@ -347,6 +347,7 @@ class LocalRun:
                 link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
                 if link is not None and stored.usable:
                     self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
+                    stored.kept_rows = self.counts.files_linked * self.writer.file_rows  # type: ignore[attr-defined]
             _run(
                 job.source,
                 job.plan,

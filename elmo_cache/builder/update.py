@@ -124,6 +124,8 @@ class StoredWindows:
         for first, stop in self.bounds:
             self.windows.setdefault(_digest(keys[first:stop], self.lengths[first:stop]), []).append((first, stop))
         self.usable = True
+        # Rows below this are in vectors files the writer keeps as they are (zarr's link_unchanged): not read.
+        self.kept_rows = 0
 
     def unchanged_rows(self, unchanged_lines: int) -> int:
         """The rows a build of a corpus that shares its first ``unchanged_lines`` lines with this cache writes as
@@ -155,14 +157,17 @@ class StoredWindows:
         count = int(rows.sum(dtype=np.int64))
         with_rows = np.flatnonzero(new & (lengths > 0))
         start = int(self.offsets[first + with_rows[0]]) if len(with_rows) else 0
-        if not self.token_rows:
-            # A pool-only cache stores no token rows; the writer counts the rows its offsets address.
+        if not self.token_rows or start + count <= self.kept_rows:
+            # Rows the writer counts but does not write: a pool-only cache stores none, and the writer keeps the
+            # old cache's files holding these as they are.
             vectors = np.broadcast_to(np.zeros((), dtype=self.vectors.dtype), (count, *self.row_shape))
         elif count:
             if "vectors" in self.guards:
                 self.guards["vectors"].check_rows(start, start + count)
             read = getattr(self.vectors, "rows", None)
-            vectors = np.array(read(start, start + count) if read is not None else self.vectors[start : start + count])
+            vectors = np.asarray(
+                read(start, start + count) if read is not None else self.vectors[start : start + count]
+            )
         else:
             vectors = np.empty((0, *self.row_shape), dtype=self.vectors.dtype)
         pooled = None
