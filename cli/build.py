@@ -28,6 +28,10 @@ multiword ranges and empty nodes skipped). Look such sentences up by token list.
 \b
 Interrupted (Ctrl-C, kill -9, a bad line)? Run the same command again: it resumes
 from the last commit and ends with the same cache. --overwrite starts from scratch.
+
+\b
+Corpus edited or grown? A rerun stops and says what changed; --update brings the
+cache up to date, re-encoding only the windows of new or changed lines.
 """
 
 
@@ -136,6 +140,14 @@ from the last commit and ends with the same cache. --overwrite starts from scrat
     "--overwrite", is_flag=True, help="Discard an existing cache or interrupted build at the output; start over."
 )
 @click.option(
+    "--update",
+    is_flag=True,
+    help="The cache at the output was built from an older version of CORPUS: bring it up to date in place. The "
+    "stored rows of unchanged lines are copied and only the windows holding new or changed lines are encoded; "
+    "the result equals a fresh build's, byte for byte. Same options as the cache's (--batch-tokens: the cache's "
+    "when left out); local engine only. Without a cache at the output it is an ordinary build.",
+)
+@click.option(
     "--engine",
     type=click.Choice(list(ENGINES)),
     default="local",
@@ -192,6 +204,7 @@ def build_command(
     input_format: str,
     tokenize: str | None,
     overwrite: bool,
+    update: bool,
     engine: str,
     address: str | None,
     workers: int | None,
@@ -234,6 +247,7 @@ def build_command(
         input_format=input_format,
         tokenize=tokenize,
         overwrite=overwrite,
+        update=update,
         progress=not no_progress,
         commit_seconds=commit_seconds,
     )

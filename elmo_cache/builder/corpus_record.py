@@ -137,21 +137,25 @@ def compare(stored: np.ndarray, new: np.ndarray, *, stored_is_prefix: bool = Fal
     return CorpusChanges(both, len(new_mid) - both, len(old_mid) - both, prefix)
 
 
-def check_same_corpus(output: Path, meta: dict[str, Any], source: Corpus) -> None:
-    """Raise :class:`CorpusChangedError` unless ``source`` is the corpus the complete cache at ``output``
-    (metadata ``meta``) was built from. A version-1 cache stores no tokens: it is taken as it is."""
+def check_same_corpus(
+    output: Path, meta: dict[str, Any], source: Corpus, *, update: bool = False
+) -> CorpusChanges | None:
+    """None when ``source`` is the corpus the complete cache at ``output`` (metadata ``meta``) was built from (a
+    version-1 cache stores no tokens: it is taken as it is). Another corpus raises :class:`CorpusChangedError`
+    unless ``update`` (``build --update``), which gets what changed."""
     new = line_hashes(source)
     recorded = meta.get("corpus")
     if isinstance(recorded, dict) and recorded == corpus_entry(lambda a, b: new[a:b], len(new)):
-        return
+        return None
     stored = stored_line_hashes(output)
     if stored is None:
-        return
+        return None
     changes = compare(stored, new)
-    if changes is None:
-        return
+    if changes is None or update:
+        return changes
     raise CorpusChangedError(
         f"{output} was built from another version of {source.name} ({len(stored)} lines, now {len(new)}): "
-        f"{changes.describe()}. Its row i would no longer be line i of the corpus. Pass --overwrite to rebuild "
-        "it, or build into another -o/--output"
+        f"{changes.describe()}. Its row i would no longer be line i of the corpus. Pass --update to bring it up "
+        "to date (re-encoding only the changed windows), --overwrite to rebuild it, or build into another "
+        "-o/--output"
     )

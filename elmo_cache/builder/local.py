@@ -35,13 +35,21 @@ import torch
 from elmo_cache.builder.codebooks import corpus_windows, final_arrays, train_in_process
 from elmo_cache.builder.corpus_record import compare, corpus_entry, line_hashes
 from elmo_cache.builder.dedupe import SeenSentences
-from elmo_cache.builder.encoding import Window, WindowCutter, WindowEncoder, assign_window, default_batch_tokens
+from elmo_cache.builder.encoding import (
+    Window,
+    WindowCutter,
+    WindowEncoder,
+    assign_window,
+    default_batch_tokens,
+    windows_entry,
+)
 from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.output import check_resumed
 from elmo_cache.builder.plan import Plan, metadata, options_json
+from elmo_cache.builder.update import StoredWindows, WindowCounts, update_batch_tokens
 from elmo_cache.errors import CorpusChangedError, CorpusError, ElmoCacheError, InvalidParameterError
-from elmo_cache.store import OutputKind, OutputState, Progress, Writer, staging_path, writer_class
+from elmo_cache.store import OutputKind, OutputState, Progress, Writer, open_cache_arrays, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -200,9 +208,28 @@ class _WriterThread(threading.Thread):
 
 
 def _encode_window(
-    encode: WindowEncoder, seen: SeenSentences | None, window: Window, rows_before: int, bar: Any
+    encode: WindowEncoder,
+    seen: SeenSentences | None,
+    window: Window,
+    rows_before: int,
+    bar: Any,
+    stored: StoredWindows | None = None,
+    counts: WindowCounts | None = None,
 ) -> _Encoded:
+    """The rows of ``window``: an update's ``stored`` ones when the cache it updates holds this window as a
+    fresh build encodes it, else encoded."""
     offsets, new = assign_window(window, rows_before, seen)
+    counts = counts if counts is not None else WindowCounts()
+    reused = stored.rows(window, new) if stored is not None else None
+    if reused is not None:
+        counts.windows_reused += 1
+        counts.lines_reused += len(window.tokens)
+        if bar is not None:
+            bar.update(len(window.tokens))
+        vectors, pooled = reused
+        return _Encoded(vectors, offsets, window.lengths, window.hashes, 0, window.tokens, pooled)
+    counts.windows_encoded += 1
+    counts.lines_encoded += len(window.tokens)
     progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
     vectors, pooled, encoded = encode.encode(
         window.tokens, window.lengths, offsets, new, rows_before, progress, first_line=window.first_line
@@ -218,6 +245,8 @@ class LocalEngine:
     """The one-process engine: reader, encoder and writer threads (see the module docstring)."""
 
     name = "local"
+    # It updates a cache in place (build --update): elmo_cache.builder.update.
+    updates = True
 
     def __init__(self, encoder: Encoder | None = None):
         # The encoder given to build(), used instead of loading the model.
@@ -270,6 +299,17 @@ class LocalRun:
         plan, options = job.plan, job.options
         layout = plan.layout()
         self.build_info: dict[str, Any] = {"args": options_json(options), "input": job.source.describe()}
+        # The metadata of the cache this build updates in place (build --update), else None.
+        self.updating = found.updating
+        self.unchanged_lines = found.unchanged_lines
+        device_type = getattr(getattr(encoder, "device", None), "type", "cpu")
+        self.batch_tokens = (
+            default_batch_tokens(options, device_type)
+            if self.updating is None
+            else update_batch_tokens(plan.output, self.updating, options.batch_tokens, options.window_batches)
+        )
+        self.windows = windows_entry(self.batch_tokens, options.window_batches)
+        self.counts = WindowCounts()
         cls = writer_class(plan.format)
         if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)
             check_resumed(staging_path(plan.output), found.progress.identity, job.identity)
@@ -285,6 +325,7 @@ class LocalRun:
                     complete=False,
                     n_unique=0,
                     build_info={**self.build_info, "started": progress.started},
+                    windows=self.windows,
                 )
                 self.writer = cls.create(plan.output, layout, progress, meta)
         except OSError as exc:
@@ -294,13 +335,43 @@ class LocalRun:
     def run(self) -> None:
         if not self.writer.progress.done:
             job = self.job
-            batch_tokens = default_batch_tokens(
-                job.options, getattr(getattr(self.encoder, "device", None), "type", "cpu")
-            )
+            batch_tokens = self.batch_tokens
+            window_tokens = batch_tokens * job.options.window_batches
             # pq: the codebooks, trained on the corpus's first windows before any row is written (or staged before).
-            windows = corpus_windows(job.source, batch_tokens * job.options.window_batches)
+            windows = corpus_windows(job.source, window_tokens)
             train_in_process(self.writer.staging, job.plan, self.encoder, windows, batch_tokens, job.options.progress)
-            _run(job.source, job.plan, job.options, self.encoder, self.writer, self.began)
+            stored = None
+            if self.updating is not None:
+                stored = StoredWindows(job.plan.output, self.updating, window_tokens, self.writer.layout.row_shape)
+                stored.usable = self._same_codebooks()
+                link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
+                if link is not None and stored.usable:
+                    self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
+                    stored.kept_rows = self.counts.files_linked * self.writer.file_rows  # type: ignore[attr-defined]
+            _run(
+                job.source,
+                job.plan,
+                job.options,
+                self.encoder,
+                self.writer,
+                self.began,
+                batch_tokens,
+                stored,
+                self.counts,
+            )
+
+    def _same_codebooks(self) -> bool:
+        """Whether the rows of the cache being updated are codes of this build's codebooks: a pq/opq cache's are
+        trained on the corpus's first rows, which an edit there changes (then every window is encoded)."""
+        plan = self.job.plan
+        if plan.codec.training_vectors is None or not self.writer.layout.token_rows:
+            return True
+        _, _, arrays, _ = open_cache_arrays(plan.output)
+        for name, values in final_arrays(self.writer.staging, plan).items():
+            there = arrays.get(name)
+            if there is None or not np.array_equal(np.asarray(there[:]), values):
+                return False
+        return True
 
     def finish(self) -> Finished:
         plan, progress = self.job.plan, self.writer.progress
@@ -313,7 +384,13 @@ class LocalRun:
         )
         corpus = corpus_entry(self.writer.sentences().read_keys, progress.lines)
         meta = metadata(
-            self.job.identity, progress, complete=True, n_unique=len(hashes), build_info=self.build_info, corpus=corpus
+            self.job.identity,
+            progress,
+            complete=True,
+            n_unique=len(hashes),
+            build_info=self.build_info,
+            corpus=corpus,
+            windows=self.windows,
         )
         if self.writer.layout.token_rows:  # a pool-only cache holds no codebooks: it has no codes
             self.writer.extra_arrays = final_arrays(self.writer.staging, plan)
@@ -329,15 +406,25 @@ class LocalRun:
             len(hashes),
             time.monotonic() - self.began,
             progress.tokens - self.tokens_from,
-            {"resumed_from": self.resumed_from},
+            {"resumed_from": self.resumed_from, "updated": self.updating is not None, **self.counts.summary()},
         )
 
 
-def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, writer: Writer, run_start: float) -> None:
+def _run(
+    source: Corpus,
+    plan: Plan,
+    options: BuildOptions,
+    encoder: Encoder,
+    writer: Writer,
+    run_start: float,
+    batch_tokens: int,
+    stored: StoredWindows | None = None,
+    counts: WindowCounts | None = None,
+) -> None:
     """Encode from the last committed line to the end of the corpus, committing as it goes: a reader
-    thread cuts windows, this thread encodes them, a writer thread commits their rows."""
+    thread cuts windows, this thread encodes them (or, updating, copies ``stored`` rows), a writer thread
+    commits their rows."""
     progress = writer.progress
-    batch_tokens = default_batch_tokens(options, getattr(getattr(encoder, "device", None), "type", "cpu"))
     committed = writer.hashes.read(progress.lines) if progress.lines else None
     seen = _seen_sentences(writer, committed) if options.dedupe else None
     encode = WindowEncoder(encoder, plan, batch_tokens, source.name)
@@ -356,7 +443,9 @@ def _run(source: Corpus, plan: Plan, options: BuildOptions, encoder: Encoder, wr
     failure: BaseException | None = None
     done = False
     try:
-        done, failure = _encode_windows(windows, encode, seen, progress.rows, bar, writer_thread, batch_tokens)
+        done, failure = _encode_windows(
+            windows, encode, seen, progress.rows, bar, writer_thread, batch_tokens, stored, counts
+        )
     finally:
         stop.set()
         # Whatever happened, let the writer commit what it already has: nothing is lost.
@@ -398,6 +487,8 @@ def _encode_windows(
     bar: Any,
     writer_thread: _WriterThread,
     batch_tokens: int,
+    stored: StoredWindows | None = None,
+    counts: WindowCounts | None = None,
 ) -> tuple[bool, BaseException | None]:
     """Encode the reader's windows and hand them to the writer until the corpus ends (``(True, None)``),
     the reader fails (``(False, its error)``) or the writer dies (``(False, None)``, its error on it)."""
@@ -409,7 +500,7 @@ def _encode_windows(
             if isinstance(item, BaseException):
                 return False, item
             try:
-                encoded = _encode_window(encode, seen, item, rows, bar)
+                encoded = _encode_window(encode, seen, item, rows, bar, stored, counts)
             except torch.cuda.OutOfMemoryError:
                 raise ElmoCacheError(
                     f"the device ran out of memory encoding lines {item.first_line + 1}-"

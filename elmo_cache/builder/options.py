@@ -78,6 +78,10 @@ class BuildOptions:
     tokenize: str | None = None
     # Discard any existing cache or interrupted build at the output and start from scratch.
     overwrite: bool = False
+    # A complete cache of the same options at the output, built from another version of the corpus, is brought
+    # to this one in place (elmo_cache.builder.update): the stored rows of unchanged windows are copied, the
+    # windows with new or changed lines encoded; the result is a fresh build's bytes. Local engine only.
+    update: bool = False
     # Show a progress bar on stderr.
     progress: bool = True
     # Seconds between durable commits; 0 commits after every window (slower, for tests).
@@ -109,6 +113,15 @@ class BuildSummary:
     parts_run: int = 0
     # For ray: the encoder actors the pool was given (more than len(workers) when some got no part).
     workers_asked: int = 0
+    # True when this run updated a cache built from another version of the corpus (update=True).
+    updated: bool = False
+    # Windows (and their lines) this run encoded, and (an update) copied from the cache it updated.
+    windows_encoded: int = 0
+    lines_encoded: int = 0
+    windows_reused: int = 0
+    lines_reused: int = 0
+    # zarr, an update: vectors files of the old cache kept as they are (hard links: their bytes not written again).
+    files_linked: int = 0
 
     @classmethod
     def already_there(cls, output: Path, format: str, meta: Mapping[str, Any], engine: str) -> BuildSummary:
@@ -123,6 +136,13 @@ class BuildSummary:
                 "nothing to do (pass --overwrite to rebuild it)"
             )
         resumed = f", resumed after line {self.resumed_from:,}" if self.resumed_from else ""
+        if self.updated:
+            windows = self.windows_encoded + self.windows_reused
+            resumed += (
+                f"; updated: {self.windows_encoded:,} of {windows:,} windows encoded ({self.lines_encoded:,} lines), "
+                f"the rows of {self.lines_reused:,} lines reused"
+                + (f", {self.files_linked:,} vectors files kept as they were" if self.files_linked else "")
+            )
         engine = ""
         if self.engine != "local":
             redone = f"{self.parts_run} of {self.parts} parts" if self.parts_run < self.parts else f"{self.parts} parts"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from elmo_cache.builder.corpus_record import check_same_corpus
 from elmo_cache.builder.plan import Plan, comparable_identity, differences
 from elmo_cache.errors import CacheExistsError
-from elmo_cache.store import OutputKind, OutputState, inspect_output, remove_output
+from elmo_cache.store import OutputKind, OutputState, inspect_output, load_progress, remove_output
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.text.corpus import Corpus
 
@@ -22,7 +22,13 @@ __all__ = ["prepare_output", "check_resumed", "adopt_chunking"]
 
 
 def prepare_output(
-    plan: Plan, identity: dict[str, Any], overwrite: bool, engines: Sequence[Engine], source: Corpus | None = None
+    plan: Plan,
+    identity: dict[str, Any],
+    overwrite: bool,
+    engines: Sequence[Engine],
+    source: Corpus | None = None,
+    *,
+    update: bool = False,
 ) -> OutputState:
     """Decide what to do about what is already at the output, for a build by ``engines[0]`` of ``source``.
 
@@ -32,6 +38,10 @@ def prepare_output(
     ``engines[0]``, which checks it is the same build when it starts) or FRESH (nothing is left there).
     Raises :class:`CacheExistsError` for anything else, unless ``overwrite`` (then everything goes).
     The other ``engines`` only say whose interrupted build the staging holds.
+
+    ``update`` (``build --update``): a complete cache of the same options but another corpus is not an error
+    but the cache to update: FRESH (or RESUMABLE, an interrupted update of it in the staging) with
+    ``updating``, its metadata; the cache stays in place until the update publishes the new one.
     """
     output = plan.output
     staging = staging_path(output)
@@ -51,16 +61,15 @@ def prepare_output(
             )
         there = {**meta, "container": found.container}
         if comparable_identity(there) != comparable_identity(identity):
-            raise CacheExistsError(
-                f"{output} was built with other options ({differences(there, identity)}); "
-                "pass --overwrite to rebuild it"
-            )
+            how = "an update keeps the cache's options: pass them" if update else "pass --overwrite to rebuild it"
+            raise CacheExistsError(f"{output} was built with other options ({differences(there, identity)}); {how}")
         if found.kind is OutputKind.OCCUPIED:
             raise CacheExistsError(
                 f"{output} is an incomplete cache not written by this build; pass --overwrite to rebuild it"
             )
-        if source is not None:
-            check_same_corpus(output, meta, source)
+        changes = None if source is None else check_same_corpus(output, meta, source, update=update)
+        if changes is not None:
+            return _update_state(plan, identity, meta, changes.first)
         remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
         if staging.exists():
             remove_output(staging)
@@ -77,6 +86,21 @@ def prepare_output(
             "to resume it, or pass --overwrite to discard it"
         )
     return dataclasses.replace(found, kind=OutputKind.RESUMABLE)
+
+
+def _update_state(plan: Plan, identity: dict[str, Any], meta: dict[str, Any], unchanged: int) -> OutputState:
+    """The state of an update of the complete cache at the output (metadata ``meta``): the interrupted update
+    in its staging resumed when it is one of the same options (its committed lines are checked against the
+    corpus as any resume's are), else a fresh staging beside the cache."""
+    staging = staging_path(plan.output)
+    progress = load_progress(plan.output) if staging.exists() else None
+    if progress is not None and comparable_identity(progress.identity) == comparable_identity(identity):
+        return OutputState(
+            OutputKind.RESUMABLE, plan.format, progress=progress, updating=meta, unchanged_lines=unchanged
+        )
+    if staging.exists():
+        remove_output(staging)
+    return OutputState(OutputKind.FRESH, plan.format, updating=meta, unchanged_lines=unchanged)
 
 
 def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]) -> None:

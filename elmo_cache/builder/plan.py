@@ -281,6 +281,11 @@ def _check_running(options: BuildOptions) -> None:
         )
     if options.window_batches < 1:
         raise InvalidParameterError(f"window_batches: must be positive, got {options.window_batches}")
+    if options.update and options.overwrite:
+        raise InvalidParameterError(
+            "update, overwrite: --update brings the cache at the output up to date, --overwrite discards it; "
+            "pass one of them"
+        )
     if options.commit_seconds < 0:
         raise InvalidParameterError(f"commit_seconds: must be >= 0, got {options.commit_seconds}")
 
@@ -394,9 +399,11 @@ def metadata(
     n_unique: int,
     build_info: dict[str, Any],
     corpus: dict[str, Any] | None = None,
+    windows: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The cache metadata of FORMAT.md for a build at ``progress`` (``corpus``: what a finished build was
-    built from, :func:`elmo_cache.builder.corpus_record.corpus_entry`)."""
+    built from, :func:`elmo_cache.builder.corpus_record.corpus_entry`; ``windows``: how it was cut into windows
+    and batched, :func:`elmo_cache.builder.encoding.windows_entry`)."""
     meta = {
         "format": FORMAT_NAME,
         "format_version": format_version(identity),
@@ -408,6 +415,9 @@ def metadata(
         "n_rows": 0 if (identity.get("pool") or {}).get("only") else progress.rows,
         "n_unique": n_unique,
         **({"corpus": corpus} if corpus is not None else {}),
+        # Not identity: a cache cut otherwise holds the same vectors but for their last bits. An update reuses
+        # stored rows only when they were cut and batched as it would cut and batch them.
+        **({"windows": windows} if windows is not None else {}),
         # This builder always writes checksums with bound block sums: a reader refuses the cache without them.
         "checksums_required": True,
         "elmo_cache_version": __version__,

@@ -44,6 +44,8 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
     began = time.monotonic()
     plan = make_plan(source, options)
     engine.check(source, plan)
+    if options.update and not getattr(engine, "updates", False):
+        raise InvalidParameterError(f"update: {getattr(engine, 'no_update', 'this engine cannot update a cache')}")
     with output_lock(plan.output):  # held for the whole build, by the driver for the ray workers too
         model, files = model_description(options, encoder)
         plan = plan.with_model(model.output_dim, source)
@@ -56,7 +58,8 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
         ident = identity_of(plan)
         job = BuildJob(source, options, plan, model, files, ident, began)
         with engine.session(job):
-            found = prepare_output(plan, ident, options.overwrite, [engine, *other_engines(engine)], source)
+            engines = [engine, *other_engines(engine)]
+            found = prepare_output(plan, ident, options.overwrite, engines, source, update=options.update)
             if found.kind is OutputKind.COMPLETE:
                 assert found.meta is not None
                 meta = found.meta

@@ -65,6 +65,11 @@ class OutputState:
     meta: dict[str, Any] | None = None
     # The committed progress of the interrupted build in the staging folder (RESUMABLE only).
     progress: Progress | None = None
+    # The metadata of the complete cache at the output that this build updates (``build --update`` given another
+    # version of its corpus: FRESH or RESUMABLE, the staging beside the cache); None for any other build.
+    updating: dict[str, Any] | None = None
+    # With ``updating``: the lines the new corpus shares with that cache from its first (its first change).
+    unchanged_lines: int = 0
 
 
 def inspect_store(

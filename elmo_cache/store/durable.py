@@ -7,8 +7,12 @@ replaced atomically, and an append-only column is cut back to its committed size
 from __future__ import annotations
 
 import bisect
+import ctypes
+import errno
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +20,7 @@ import numpy as np
 
 from elmo_cache.errors import CacheFormatError
 
-__all__ = ["RawColumn", "atomic_write_json", "fsync_path"]
+__all__ = ["RawColumn", "atomic_write_json", "fsync_path", "publish_directory"]
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -37,6 +41,51 @@ def atomic_write_json(path: Path, data: Any) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent, directory=True)
+
+
+def publish_directory(source: Path, target: Path) -> None:
+    """Rename the finished directory ``source`` to ``target``. A ``target`` already there (the cache an update
+    replaces, ``build --update``) is swapped with ``source`` in one atomic step where the system can
+    (Linux's ``renameat2(RENAME_EXCHANGE)``: a reader opening ``target`` finds the old cache or the new one,
+    never nothing), then removed from ``source``; elsewhere it is renamed aside first (a moment without it)."""
+    try:
+        os.rename(source, target)
+        fsync_path(target.parent, directory=True)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.is_dir():
+            raise
+    if not _exchange(source, target):
+        aside = target.with_name(target.name + ".replaced")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(target, aside)
+        os.rename(source, target)
+        source = aside
+    fsync_path(target.parent, directory=True)
+    # Left behind by a kill here, the old cache at ``source`` (a staging path) is removed by the next build.
+    shutil.rmtree(source, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names ``a`` and ``b`` atomically; False where the system or the filesystem cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):  # a libc before glibc 2.28
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a filesystem without the exchange
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(b))
 
 
 class RawColumn:

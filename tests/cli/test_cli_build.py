@@ -222,3 +222,22 @@ def test_the_bundled_model_splits_lines_as_its_training_text_was(tmp_path, model
             assert cache.tokenization == tokenization and cache.tokens(0) == tokens
     refused = run("build", tmp_path / "c.txt", "--input-format", "tsv", "--tokenize", "ptb", "-o", tmp_path / "t.zarr")
     assert refused.exit_code == 1 and "tokenize: 'ptb' splits lines of text" in refused.output
+
+
+def test_update_brings_an_edited_corpus_up_to_date(tmp_path, model_args):
+    lines = corpus_lines(200, seed=8)
+    corpus = write_corpus(tmp_path / "grows.txt", lines)
+    sizes = ["--batch-tokens", "40", "--window-batches", "8", "--no-progress", *model_args]
+    assert run("build", corpus, *sizes).exit_code == 0
+    write_corpus(corpus, [*lines, "one more line", "and another ."])
+    refused = run("build", corpus, *sizes)
+    assert refused.exit_code == 1 and "0 changed, 2 added" in refused.stderr.replace("lines ", "")
+    assert "Pass --update" in refused.stderr
+    updated = run("build", corpus, "--update", *sizes)
+    assert updated.exit_code == 0, updated.output
+    assert re.search(r"updated: 1 of \d+ windows encoded \(\d+ lines\), the rows of \d+ lines reused", updated.stdout)
+    with elmo_cache.open(corpus.with_suffix(".zarr")) as cache:
+        assert len(cache) == 202 and cache.tokens(201) == ["and", "another", "."]
+    assert "--update" in run("build", "--help").stdout
+    both = run("build", corpus, "--update", "--overwrite", *sizes)
+    assert both.exit_code == 1 and "pass one of them" in both.stderr

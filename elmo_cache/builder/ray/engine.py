@@ -51,7 +51,7 @@ from typing import Any
 
 from elmo_cache.builder.api import run_build
 from elmo_cache.builder.codebooks import final_arrays, train_on_ray
-from elmo_cache.builder.encoding import default_batch_tokens
+from elmo_cache.builder.encoding import default_batch_tokens, windows_entry
 from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.firstpass import (
     PLAN_DIR,
@@ -117,6 +117,13 @@ class RayEngine:
     """The ray engine: a first pass in the driver, parts written by actors, the finish in the driver."""
 
     name = "ray"
+    # build --update is the local engine's (elmo_cache.builder.update): why this one refuses it.
+    updates = False
+    no_update = (
+        "the ray engine does not update a cache in place: its first pass cuts the whole corpus into parts for "
+        "workers that would each need the old cache's rows; run the update with --engine local (a cache it "
+        "updates holds the same bytes as a ray build of the new corpus)"
+    )
 
     def __init__(
         self,
@@ -191,6 +198,8 @@ class RayRun:
         device = _device(ray, options)
         batch_tokens = default_batch_tokens(options, device.split(":")[0])
         window_tokens = batch_tokens * options.window_batches
+        # The local engine records the same (both cut by WindowCutter): their caches are byte-identical.
+        self.windows = windows_entry(batch_tokens, options.window_batches)
         self.staging = staging = staging_path(plan.output)
         plan_info = {
             "identity": ident,
@@ -221,7 +230,9 @@ class RayRun:
             staging,
             layout,
             stored_rows,
-            metadata(ident, self.progress, complete=False, n_unique=0, build_info=self.build_info),
+            metadata(
+                ident, self.progress, complete=False, n_unique=0, build_info=self.build_info, windows=self.windows
+            ),
         )
         (staging / BUILD_DIR / PARTS_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -312,6 +323,7 @@ class RayRun:
                 n_unique=n_unique,
                 build_info=build_info,
                 corpus=corpus,
+                windows=self.windows,
             )
 
         # A pool-only cache holds no codebooks: it has no codes (as the local engine).

@@ -21,7 +21,7 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.blocksums import block_sums, read_sums_file, sums_listing, write_sums_file
 from elmo_cache.store.columns import Column
-from elmo_cache.store.durable import fsync_path
+from elmo_cache.store.durable import fsync_path, publish_directory
 from elmo_cache.store.format import (
     BLOCK_SUMS,
     BUILD_DIR,
@@ -427,8 +427,7 @@ def finish_group(
     }
     group.attrs[META_KEY] = final
     fsync_path(staging / ZARR_JSON)
-    os.rename(staging, output)
-    fsync_path(output.parent, directory=True)
+    publish_directory(staging, output)  # an update's old cache there is swapped out
     shutil.rmtree(output / BUILD_DIR, ignore_errors=True)
     return output
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import threading
@@ -14,8 +16,9 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.blocksums import BlockSummer, write_sums_file
 from elmo_cache.store.durable import ChunkedColumn, RawColumn, fsync_path
-from elmo_cache.store.format import checksum
+from elmo_cache.store.format import BLOCK_SUMS, CHECKSUMS_FILE, checksum
 from elmo_cache.store.staging import Layout, Progress, Writer
+from elmo_cache.store.zarr.read import open_arrays
 from elmo_cache.store.zarr.write import (
     CRC_BYTES,
     create_group,
@@ -76,6 +79,9 @@ class ZarrWriter(Writer):
         self._early_syncs: dict[int, Future[None]] = {}
         # (size, CRC-32) of each finished vectors file, for checksums.json.
         self.file_sums = RawColumn(self.build_dir / "file_sums.bin", "int64", (2,))
+        # An update's vectors files taken from the cache it replaces (link_unchanged): file -> (size, CRC-32).
+        # Their rows are counted as appended but never written.
+        self._linked: dict[int, tuple[int, int]] = {}
 
     def _rows_path(self, k: int) -> Path:
         return self.build_dir / f"rows-{k}.bin"
@@ -130,7 +136,11 @@ class ZarrWriter(Writer):
                 if not entry.name.isdigit() or int(entry.name) >= published:
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         want = (rows - published * self.file_rows) * self.layout.row_bytes
-        if want:
+        if want and published in self.progress.extra.get("linked", ()):
+            # An update committed part of a file it links (never written): link_unchanged links it again.
+            current.unlink(missing_ok=True)
+            self._rows_crc, self._summers = {}, {}
+        elif want:
             if not current.is_file() or current.stat().st_size < want:
                 raise CacheFormatError(
                     f"{current}: the committed rows of the vectors are missing or damaged; rerun with --overwrite"
@@ -146,6 +156,40 @@ class ZarrWriter(Writer):
             current.unlink(missing_ok=True)
             self._rows_crc, self._summers = {}, {}
         self._rows = rows
+
+    def link_unchanged(self, source: Path, rows: int) -> int:
+        """An update's vectors files that need no writing: those of the complete cache at ``source`` (of this
+        layout) that hold only rows below ``rows``, which this build appends unchanged at the same places
+        (:meth:`StoredWindows.unchanged_rows <elmo_cache.builder.update.StoredWindows.unchanged_rows>`). Each is
+        hard-linked into the staging (copied where links are refused) with its block sums, its rows are then
+        skipped as they are appended, and its recorded size and CRC-32 reused. Returns how many files it took."""
+        files = rows // self.file_rows if self.layout.token_rows else 0
+        first = self.progress.rows // self.file_rows  # those before were committed (and linked) already
+        if files <= first:
+            return max(0, files)
+        recorded = json.loads((source / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
+        _, found = open_arrays(source, (BLOCK_SUMS["vectors"],))
+        block_sums = found[BLOCK_SUMS["vectors"]]
+        if block_sums is None:
+            return 0  # a cache without block sums: its files are written again
+        chunks = self.file_rows // int(self.layout.chunk_rows or 1)
+        for k in range(first, files):
+            old = vectors_file_path(source, self.layout, k)
+            final = vectors_file_path(self.staging, self.layout, k)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            final.unlink(missing_ok=True)
+            try:
+                os.link(old, final)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    raise
+                shutil.copyfile(old, final)
+                fsync_path(final)
+            fsync_path(final.parent, directory=True)  # the link is durable before a commit counts its rows
+            write_sums_file(sums_path(self.staging, k), np.asarray(block_sums[k * chunks : (k + 1) * chunks]))
+            size, crc = recorded[final.relative_to(self.staging).as_posix()]
+            self._linked[k] = (int(size), int(crc))
+        return files
 
     def _file_handle(self, k: int) -> Any:
         if self._handle is None:
@@ -165,6 +209,12 @@ class ZarrWriter(Writer):
         while done < n:
             k = self._rows // self.file_rows
             take = min(n - done, (k + 1) * self.file_rows - self._rows)
+            if k in self._linked:  # the cache being updated holds these rows at these places: not written
+                done += take
+                self._rows += take
+                if self._rows % self.file_rows == 0:
+                    self._filled.append(k)
+                continue
             data = np.ascontiguousarray(vectors[done : done + take]).data.cast("B")
             summer = self._summers.get(k)
             if summer is None:
@@ -187,6 +237,8 @@ class ZarrWriter(Writer):
 
     def _finish_file(self, k: int, n_rows: int) -> tuple[int, int]:
         """Turn rows-<k>.bin into the vectors file shard-<k>.ready (synced); returns its (size, CRC-32)."""
+        if k in self._linked:
+            return self._linked[k]  # in place already, with its block sums
         rows_path, ready = self._rows_path(k), self._ready_path(k)
         early_sync = self._early_syncs.pop(k, None)
         if early_sync is not None:
@@ -225,10 +277,12 @@ class ZarrWriter(Writer):
             self._handle.flush()
             os.fsync(self._handle.fileno())
         self.file_sums.sync()
-        return {}
+        return {"linked": sorted(self._linked)} if self._linked else {}
 
     def _after_commit(self) -> None:
         for k in self._ready:
+            if k in self._linked:
+                continue
             publish_file(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
             self._rows_path(k).unlink(missing_ok=True)  # compressed: the raw rows, now encoded
         self._ready = []

@@ -1,0 +1,180 @@
+"""Update in place (``build --update``): a complete cache brought to a new version of its corpus, the stored
+rows of unchanged windows copied, only the windows with new or changed lines encoded.
+
+An update is the local engine's build of the new corpus, into the usual staging beside the cache, published
+over it at the end (atomically: :func:`elmo_cache.store.durable.publish_directory`, ``os.replace`` for HDF5).
+What makes it equal, byte for byte, to a fresh build of the new corpus: a sentence's stored bytes are a
+function of its *window* (the sentences encoded together, :mod:`elmo_cache.builder.encoding`), and windows
+are cut by content, so a fresh build of the new corpus cuts the same windows as the cache's build wherever
+the corpus did not change. For each window of the new corpus (:class:`StoredWindows`):
+
+* the cache's build cut a window of the same sentences (the same keys, lengths and stored tokens), and it
+  encoded the same of them (with ``--dedupe``, a window's repeats of earlier lines are not encoded, so the
+  lines it encoded must be the same ones): its rows are copied, read through the cache's block sums;
+* otherwise it is encoded, as a fresh build encodes it.
+
+So the encoding cost follows the change (the windows holding changed lines, plus the one after an edit
+before the cuts meet again, sometimes). The bytes written follow it only in part: a zarr cache's vectors
+files that lie wholly before the first changed window are the old cache's own files, hard-linked
+(:meth:`ZarrWriter.link_unchanged <elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending
+writes the last files and the per-line arrays; every row after an edit in the middle moves and is written
+again, and an HDF5 cache (one file) is written whole.
+A cache written before the windows were recorded (metadata ``windows``), or cut and batched with other
+sizes, cannot give a fresh build's bytes: the update refuses it and says how to rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from elmo_cache.builder.encoding import WINDOW_RULE, Window, window_bounds, windows_entry
+from elmo_cache.errors import CacheExistsError, InvalidParameterError
+from elmo_cache.store import open_cache_arrays
+from elmo_cache.store.blocksums import guards
+from elmo_cache.store.format import POOLED_ARRAY
+from elmo_cache.store.staging import encode_tokens
+from elmo_cache.text.tokenize import key_hash
+
+__all__ = ["StoredWindows", "WindowCounts", "update_batch_tokens"]
+
+
+@dataclass
+class WindowCounts:
+    """What a build did with its windows: encoded, or (an update) copied from the cache it updates."""
+
+    windows_encoded: int = 0
+    lines_encoded: int = 0
+    windows_reused: int = 0
+    lines_reused: int = 0
+    # zarr: vectors files of the updated cache taken as they are (hard links), not written again.
+    files_linked: int = 0
+
+    def summary(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def update_batch_tokens(output: Path, meta: dict[str, Any], batch_tokens: int | None, window_batches: int) -> int:
+    """The tokens per batch of an update of the cache at ``output`` (metadata ``meta``): the one given, else
+    the cache's own; refused (naming what to pass) when the cache's windows were cut by another rule or sizes."""
+    recorded = meta.get("windows")
+    if not isinstance(recorded, dict) or {k: recorded.get(k) for k in WINDOW_RULE} != WINDOW_RULE:
+        raise CacheExistsError(
+            f"{output} was built before windows were cut by content (its metadata records no "
+            f"{WINDOW_RULE['cut']} windows, version {WINDOW_RULE['version']}): an update could not reproduce a "
+            "fresh build's bytes from its rows. Rebuild it once with --overwrite; later updates reuse its rows"
+        )
+    there = int(recorded["batch_tokens"]), int(recorded["window_tokens"])
+    batch = int(batch_tokens) if batch_tokens is not None else there[0]
+    if windows_entry(batch, window_batches) != recorded:
+        raise InvalidParameterError(
+            f"{output} was cut into windows of {there[1]} tokens and batches of {there[0]} "
+            f"(--batch-tokens {there[0]} --window-batches {there[1] // max(1, there[0])}), this update into "
+            f"{batch * window_batches} and {batch}: its stored rows would not be a fresh build's. Update with the "
+            "cache's sizes (or leave --batch-tokens out), or rebuild it with --overwrite"
+        )
+    return batch
+
+
+def _digest(hashes: np.ndarray, lengths: np.ndarray) -> bytes:
+    """A window's content key: its sentences' keys and lengths in order."""
+    digest = hashlib.blake2b(np.ascontiguousarray(hashes, dtype="<u8").tobytes(), digest_size=16)
+    digest.update(np.ascontiguousarray(lengths, dtype="<i4").tobytes())
+    return digest.digest()
+
+
+class StoredWindows:
+    """The complete cache an update replaces, as the windows its build cut, each found by its content."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], window_tokens: int, row_shape: tuple[int, ...]):
+        self.path = path
+        _, _, arrays, sums = open_cache_arrays(path)
+        # Every row copied is checked against the cache's block sums: damage there is an error, not a copy.
+        self.guards = guards(path, meta, arrays, sums)
+        for name in ("offsets", "lengths", "tokens/offsets", "tokens/bytes"):
+            if name in self.guards:
+                self.guards[name].check_all()
+        self.offsets = np.asarray(arrays["offsets"][:], dtype=np.int64)
+        self.lengths = np.asarray(arrays["lengths"][:], dtype=np.int32)
+        self.text_starts = np.asarray(arrays["tokens/offsets"][:], dtype=np.int64)
+        self.text = np.asarray(arrays["tokens/bytes"][:], dtype=np.uint8).tobytes()
+        self.vectors = arrays["vectors"]
+        self.pooled = arrays.get(POOLED_ARRAY)
+        self.token_rows = not ((meta.get("pool") or {}).get("only"))
+        self.row_shape = row_shape
+        n = len(self.lengths)
+        keys = np.fromiter(
+            (key_hash(self.text[self.text_starts[i] : self.text_starts[i + 1]]) for i in range(n)),
+            dtype=np.uint64,
+            count=n,
+        )
+        # Which lines the cache's build encoded (the others are --dedupe repeats, pointing back at earlier
+        # rows): a line is encoded when its rows start where every earlier line's end.
+        ends = self.offsets + self.lengths
+        before = np.concatenate([[0], np.maximum.accumulate(ends)[:-1]]) if n else ends
+        self.encoded = self.offsets >= before
+        # The row each line's rows would start at: where every earlier line's end.
+        self.row_at = np.concatenate([[0], np.maximum.accumulate(ends)]) if n else np.zeros(1, np.int64)
+        self.bounds = window_bounds(keys, self.lengths, window_tokens)
+        self.windows: dict[bytes, list[tuple[int, int]]] = {}
+        for first, stop in self.bounds:
+            self.windows.setdefault(_digest(keys[first:stop], self.lengths[first:stop]), []).append((first, stop))
+        self.usable = True
+        # Rows below this are in vectors files the writer keeps as they are (zarr's link_unchanged): not read.
+        self.kept_rows = 0
+
+    def unchanged_rows(self, unchanged_lines: int) -> int:
+        """The rows a build of a corpus that shares its first ``unchanged_lines`` lines with this cache writes as
+        the cache holds them, at the same places: those of the windows before the first change. (Not the last
+        window: a corpus's end cuts it, which a longer corpus may not.)"""
+        before = [stop for _, stop in self.bounds[:-1] if stop <= unchanged_lines]
+        return int(self.row_at[before[-1]]) if before else 0
+
+    def rows(self, window: Window, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The stored rows of ``window``'s encoded (``new``) sentences in line order, and with ``--pool`` its
+        sentences' pooled vectors (zeros for repeats, as an encoder gives them), when the cache's build cut and
+        encoded the same window; else None (it must be encoded)."""
+        if not self.usable:
+            return None
+        for first, stop in self.windows.get(_digest(window.hashes, window.lengths), ()):
+            if np.array_equal(self.encoded[first:stop], new) and self._same_tokens(window, first, stop):
+                return self._copy(first, stop, new)
+        return None
+
+    def _same_tokens(self, window: Window, first: int, stop: int) -> bool:
+        # The 64-bit keys matched; the stored tokens confirm it (as dedupe does for a repeat): two sentences
+        # colliding on their key never share rows.
+        text, _ = encode_tokens(window.tokens)
+        return text.tobytes() == self.text[self.text_starts[first] : self.text_starts[stop]]
+
+    def _copy(self, first: int, stop: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        lengths = self.lengths[first:stop]
+        rows = lengths[new]
+        count = int(rows.sum(dtype=np.int64))
+        with_rows = np.flatnonzero(new & (lengths > 0))
+        start = int(self.offsets[first + with_rows[0]]) if len(with_rows) else 0
+        if not self.token_rows or start + count <= self.kept_rows:
+            # Rows the writer counts but does not write: a pool-only cache stores none, and the writer keeps the
+            # old cache's files holding these as they are.
+            vectors = np.broadcast_to(np.zeros((), dtype=self.vectors.dtype), (count, *self.row_shape))
+        elif count:
+            if "vectors" in self.guards:
+                self.guards["vectors"].check_rows(start, start + count)
+            read = getattr(self.vectors, "rows", None)
+            vectors = np.asarray(
+                read(start, start + count) if read is not None else self.vectors[start : start + count]
+            )
+        else:
+            vectors = np.empty((0, *self.row_shape), dtype=self.vectors.dtype)
+        pooled = None
+        if self.pooled is not None:
+            if POOLED_ARRAY in self.guards:
+                self.guards[POOLED_ARRAY].check_rows(first, stop)
+            stored = np.array(self.pooled[first:stop])
+            pooled = np.zeros_like(stored)
+            pooled[new] = stored[new]
+        return vectors, pooled
