@@ -1,0 +1,120 @@
+"""A full build against ``build --update`` after the corpus changed: time and bytes written (issue 32, item 2).
+
+    python benchmarks/bench_update.py --lines 40000                          # 1M tokens, 1% appended
+    python benchmarks/bench_update.py --lines 3000 --percent 0.1,1,10 --change append,middle --check
+
+Builds ``--lines`` lines of the synthetic corpus (``_corpus.make_corpus``) with the bundled model on the CPU, then
+for each change and share: the corpus with that share of lines appended (``append``) or replaced by new lines in
+its middle (``middle``), brought up to date with ``--update`` from a copy of the first cache. Prints seconds and
+the bytes the process passed to write(2) (``wchar`` of /proc/self/io) for the full build and each update, and the
+windows each update encoded. ``--check`` also builds each new corpus afresh and compares the two caches byte for
+byte (the metadata's ``build`` record aside), as tests/builder/test_update.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _corpus import make_corpus
+from _machine import describe_machine
+
+from elmo_cache.builder import BuildOptions, build
+
+
+def written_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+
+
+def copy_cache(source: Path, target: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copy2(source, target)
+
+
+def write_corpus(path: Path, sentences: list[list[str]]) -> None:
+    path.write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
+
+
+def timed_build(corpus: Path, options: BuildOptions):
+    start, before = time.perf_counter(), written_bytes()
+    summary = build(corpus, options)
+    return summary, time.perf_counter() - start, written_bytes() - before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lines", type=int, default=40000)
+    parser.add_argument("--percent", default="1", help="comma list of the changed share of lines, in percent")
+    parser.add_argument("--change", default="append", help="comma list of append, middle")
+    parser.add_argument("--batch-tokens", type=int, default=8192)
+    parser.add_argument("--window-batches", type=int, default=8)
+    parser.add_argument("--format", default="zarr", choices=["zarr", "hdf5"])
+    parser.add_argument("--check", action="store_true", help="compare each updated cache with a fresh build")
+    args = parser.parse_args()
+
+    print("\n".join(describe_machine("cpu").lines()))
+    shares = [float(p) for p in args.percent.split(",")]
+    spare = max(1, int(args.lines * max(shares) / 100) + 1)
+    pool = make_corpus((args.lines + 2 * spare) * 40, seed=3)
+    base, extra = pool[: args.lines], pool[args.lines : args.lines + 2 * spare]
+    suffix = ".zarr" if args.format == "zarr" else ".h5"
+    common = dict(
+        batch_tokens=args.batch_tokens,
+        window_batches=args.window_batches,
+        progress=False,
+        tokenize="whitespace",
+        device="cpu",
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-update-") as tmp:
+        work = Path(tmp)
+        corpus = work / "corpus.txt"
+        write_corpus(corpus, base)
+        first = work / f"first{suffix}"
+        full, seconds, written = timed_build(corpus, BuildOptions(output=first, **common))
+        print(
+            f"full build: {full.n_sentences:,} lines, {full.n_tokens:,} tokens, {full.windows_encoded} windows, "
+            f"{seconds:.1f} s, {written:,} bytes written"
+        )
+        for change in args.change.split(","):
+            for share in shares:
+                n = max(1, int(args.lines * share / 100))
+                if change == "append":
+                    new = base + extra[:n]
+                elif change == "middle":
+                    middle = (args.lines - n) // 2
+                    new = base[:middle] + extra[:n] + base[middle + n :]
+                else:
+                    raise SystemExit(f"--change: {change!r} is not one of append, middle")
+                write_corpus(corpus, new)
+                target = work / f"updated{suffix}"
+                copy_cache(first, target)
+                summary, u_seconds, u_written = timed_build(corpus, BuildOptions(output=target, update=True, **common))
+                print(
+                    f"{change} {share:g}% ({n:,} lines): update {u_seconds:.1f} s ({100 * u_seconds / seconds:.1f}% of "
+                    f"the full build), {u_written:,} bytes written ({100 * u_written / max(1, written):.1f}%); "
+                    f"{summary.windows_encoded} windows encoded, {summary.windows_reused} reused, "
+                    f"{summary.files_linked} vectors files kept"
+                )
+                if args.check:
+                    from tests.builder.test_update import assert_same_bytes
+
+                    fresh = work / f"fresh{suffix}"
+                    build(corpus, BuildOptions(output=fresh, **common))
+                    assert_same_bytes(target, fresh)
+                    print("  updated == fresh build, byte for byte")
+                    shutil.rmtree(fresh) if fresh.is_dir() else fresh.unlink()
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+
+if __name__ == "__main__":
+    main()
