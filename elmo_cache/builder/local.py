@@ -19,6 +19,7 @@ compared with the stored ones, so a corpus that changed in the meantime is an er
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
 
 __all__ = ["LocalEngine", "LocalRun", "load_encoder"]
+
+_log = logging.getLogger("elmo_cache.builder")
 
 
 @dataclass
@@ -308,7 +311,8 @@ class LocalRun:
             if self.updating is None
             else update_batch_tokens(plan.output, self.updating, options.batch_tokens, options.window_batches)
         )
-        self.windows = windows_entry(self.batch_tokens, options.window_batches)
+        # How this build cuts windows (the metadata's ``windows``); None once a resume finds another rule.
+        self.windows: dict[str, Any] | None = windows_entry(self.batch_tokens, options.window_batches)
         self.counts = WindowCounts()
         cls = writer_class(plan.format)
         if found.progress is not None:  # (CacheExistsError is an OSError: raised before the try below)
@@ -318,7 +322,7 @@ class LocalRun:
                 assert found.progress is not None
                 self.writer = cls.resume(plan.output, layout, found.progress)
             else:
-                progress = Progress(identity=job.identity, started=_now())
+                progress = Progress(identity=job.identity, started=_now(), windows=self.windows)
                 meta = metadata(
                     job.identity,
                     progress,
@@ -331,6 +335,18 @@ class LocalRun:
         except OSError as exc:
             raise ElmoCacheError(f"cannot write the build of {plan.output} ({exc})") from None
         self.resumed_from, self.tokens_from = self.writer.progress.lines, self.writer.progress.tokens
+        if found.kind is OutputKind.RESUMABLE and self.writer.progress.windows != self.windows:
+            # Committed lines cut by another rule (an earlier elmo-cache cut windows by count) or other sizes: they
+            # stay, the rest is cut by this run's. The cache then records no rule (an update refuses it) and says so.
+            self.windows = None
+            if self.writer.progress.lines:
+                _log.warning(
+                    "%s: resuming a build whose committed lines were cut into windows another way (started by an "
+                    "earlier elmo-cache, or with other --batch-tokens/--window-batches); the lines still to come are "
+                    "cut as this run cuts them, so their vectors may differ in the last bits from an uninterrupted "
+                    "build's, and build --update will not apply to this cache (rebuild it with --overwrite for that)",
+                    plan.output,
+                )
 
     def run(self) -> None:
         if not self.writer.progress.done:
@@ -345,7 +361,9 @@ class LocalRun:
                 stored = StoredWindows(job.plan.output, self.updating, window_tokens, self.writer.layout.row_shape)
                 stored.usable = self._same_codebooks()
                 link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
-                if link is not None and stored.usable:
+                layout = self.writer.layout
+                same_files = all(self.updating.get(key) == getattr(layout, key) for key in ("chunk_rows", "shard_rows"))
+                if link is not None and stored.usable and same_files:  # a re-chunked cache's files are all new
                     self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
                     stored.kept_rows = self.counts.files_linked * self.writer.file_rows  # type: ignore[attr-defined]
             _run(

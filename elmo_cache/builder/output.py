@@ -60,7 +60,9 @@ def prepare_output(
                 "or pass --overwrite to replace it"
             )
         there = {**meta, "container": found.container}
-        if comparable_identity(there) != comparable_identity(identity):
+        # An update may re-chunk: chunking the command left to its defaults follows the new corpus (adopt_chunking).
+        ignored = plan.defaulted if update else ()
+        if _without(comparable_identity(there), ignored) != _without(comparable_identity(identity), ignored):
             how = "an update keeps the cache's options: pass them" if update else "pass --overwrite to rebuild it"
             raise CacheExistsError(f"{output} was built with other options ({differences(there, identity)}); {how}")
         if found.kind is OutputKind.OCCUPIED:
@@ -88,6 +90,10 @@ def prepare_output(
     return dataclasses.replace(found, kind=OutputKind.RESUMABLE)
 
 
+def _without(identity: dict[str, Any], keys: Any) -> dict[str, Any]:
+    return {key: value for key, value in identity.items() if key not in keys}
+
+
 def _update_state(plan: Plan, identity: dict[str, Any], meta: dict[str, Any], unchanged: int) -> OutputState:
     """The state of an update of the complete cache at the output (metadata ``meta``): the interrupted update
     in its staging resumed when it is one of the same options (its committed lines are checked against the
@@ -112,17 +118,25 @@ def check_resumed(staging: Path, there: dict[str, Any], identity: dict[str, Any]
         )
 
 
-def adopt_chunking(plan: Plan, identity_of: Callable[[Plan], dict[str, Any]]) -> Plan:
+def adopt_chunking(plan: Plan, identity_of: Callable[[Plan], dict[str, Any]], *, update: bool = False) -> Plan:
     """``plan`` with the chunking of the cache or interrupted (local) build at its output when that differs from
     this build's only in chunk_rows or shard_rows the command left to their defaults; else ``plan``.
 
     The defaults follow the corpus's size and this version's rules, and chunking changes no vector: a cache
     built under other defaults (an earlier version's, or before a corpus grew past one chunk) is still the
     cache this command asks for, and its interrupted build resumes in the chunking it began with.
-    ``identity_of`` makes a plan's identity (the build's :func:`~elmo_cache.builder.plan.identity`)."""
+    ``identity_of`` makes a plan's identity (the build's :func:`~elmo_cache.builder.plan.identity`).
+
+    ``update``: the complete cache is the one being replaced, and its chunking was chosen for its own corpus; the
+    new corpus gets its own defaults (a cache that began small must not keep small chunks as it grows: it is
+    re-chunked, and rewritten, while the defaults follow its size), unless an interrupted update began in
+    another chunking, which it resumes in."""
     if not plan.defaulted:
         return plan
     found = inspect_output(plan.output, plan.format)
+    if update:
+        progress = load_progress(plan.output) if staging_path(plan.output).exists() else None
+        found = dataclasses.replace(found, kind=OutputKind.FRESH, progress=progress)
     if found.kind is OutputKind.COMPLETE and found.meta is not None:
         there: dict[str, Any] | None = {**found.meta, "container": found.container}
     else:

@@ -54,7 +54,7 @@ def build_cache(source: Corpus, options: BuildOptions, engine: Engine, encoder: 
             return identity(plan, model.identity, dedupe=bool(options.dedupe))
 
         if not options.overwrite:  # what is there goes: nothing to adopt
-            plan = adopt_chunking(plan, identity_of)
+            plan = adopt_chunking(plan, identity_of, update=options.update)
         ident = identity_of(plan)
         job = BuildJob(source, options, plan, model, files, ident, began)
         with engine.session(job):

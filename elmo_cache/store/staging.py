@@ -162,6 +162,9 @@ class Progress:
     started: str | None = None
     # Container-specific state (the zarr tail file, for example).
     extra: dict[str, Any] = field(default_factory=dict)
+    # How the build cuts the corpus into windows (the metadata's ``windows``), so that a resume knows the rule
+    # the committed lines were cut by; None in a build started before windows were cut by content.
+    windows: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

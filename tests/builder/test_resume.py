@@ -264,3 +264,34 @@ def test_kill_9_at_random_moments(tmp_path, tiny_model, suffix, extra):
     assert kills >= 2 and resumed_kills >= 1, (kills, resumed_kills)
     assert not staging_path(output).exists()
     assert_same_cache(reference, output)
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_resume_of_windows_cut_another_way_says_so_and_records_no_rule(tmp_path, tiny_encoder, suffix, caplog):
+    """A build started by an elmo-cache that cut windows by count (its progress records no rule): the resumed
+    cache holds every line but claims no window rule, so an update refuses it instead of reusing rows whose
+    windows it would misjudge."""
+    from elmo_cache.store import read_metadata
+    from elmo_cache.store.format import BUILD_DIR, PROGRESS_FILE
+
+    lines = corpus_lines(120, seed=5)
+    corpus = write_corpus(tmp_path / "c.txt", lines)
+    output = tmp_path / ("c" + suffix)
+    options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False)
+    with failing_on(tiny_encoder, 7), pytest.raises(RuntimeError, match="simulated crash"):
+        build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    progress_file = staging_path(output) / BUILD_DIR / PROGRESS_FILE
+    recorded = json.loads(progress_file.read_text(encoding="utf-8"))
+    assert recorded["windows"]["cut"] == "content-defined" and recorded["lines"] > 0
+    del recorded["windows"]
+    progress_file.write_text(json.dumps(recorded), encoding="utf-8")
+
+    with caplog.at_level("WARNING", logger="elmo_cache.builder"):
+        summary = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    assert summary.resumed_from == recorded["lines"] and summary.n_sentences == 120
+    assert "cut into windows another way" in caplog.text and str(output) in caplog.text
+    assert "windows" not in read_metadata(output)
+    assert verify(output).ok
+    write_corpus(corpus, [*lines, "one more line ."])
+    with pytest.raises(ElmoCacheError, match="windows"):
+        build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)

@@ -216,7 +216,9 @@ class RayRun:
         writer = _parallel_writer(plan.format)
         self.writer = writer
         file_rows = writer.file_rows(layout)
-        self.progress = Progress(identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens)
+        self.progress = Progress(
+            identity=ident, lines=first.n_lines, rows=first.n_rows, tokens=first.n_tokens, windows=self.windows
+        )
         # The rows of ``vectors``: none for a layout without token rows (--pool-only), whose offsets still address
         # the rows a build with them would have (first.n_rows), as the local writer's do.
         self.stored_rows = stored_rows = first.n_rows if layout.token_rows else 0
