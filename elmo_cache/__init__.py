@@ -52,6 +52,7 @@ _EXPORTS = {
     "CacheNotFoundError": "elmo_cache.errors",
     "CacheFormatError": "elmo_cache.errors",
     "CacheCorruptError": "elmo_cache.errors",
+    "CacheReplacedError": "elmo_cache.errors",
     "IncompleteCacheError": "elmo_cache.errors",
     "CacheExistsError": "elmo_cache.errors",
     "CorpusChangedError": "elmo_cache.errors",

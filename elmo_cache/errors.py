@@ -31,6 +31,7 @@ __all__ = [
     "OutputLockedError",
     "CacheTimeoutError",
     "CacheCorruptError",
+    "CacheReplacedError",
     "TrainingFailedError",
 ]
 
@@ -145,6 +146,12 @@ class CacheCorruptError(CacheFormatError):
     """Stored bytes of a cache fail their check (a block checksum, a missing, truncated or non-regular
     file): the cache was damaged after its build (a partial copy or sync, a bit flip). The message names
     the file or dataset and the rows; ``elmo-cache verify`` reports every damage, rebuilding repairs it."""
+
+
+class CacheReplacedError(CacheCorruptError):
+    """The cache at a path was replaced after a reader opened it (``build --update`` or a rebuild published a new
+    one there): files the reader opens now would be the new cache's, which its block sums do not vouch for. The
+    files it already opened keep giving the old cache's bytes; open the cache again for the new one."""
 
 
 class TrainingFailedError(ElmoCacheError, RuntimeError):

@@ -303,3 +303,31 @@ def test_an_update_to_an_empty_corpus_is_a_fresh_build_of_it(tmp_path, tiny_enco
     fresh = tmp_path / f"fresh{suffix}"
     build(corpus, BuildOptions(output=fresh, progress=False, **SIZES), encoder=tiny_encoder)
     assert_same_bytes(output, fresh)
+
+
+def test_a_reader_opened_before_an_update_keeps_its_files_and_is_told_when_the_cache_moved_on(tmp_path, tiny_encoder):
+    from elmo_cache.errors import CacheReplacedError
+
+    old = corpus_lines(N, seed=11)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    options = {**SIZES, "progress": False, "chunk_rows": 16, "shard_rows": 64}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    reader = elmo_cache.open(output)
+    last = len(reader) - 1
+    first_before = np.array(reader[0])  # opens the first vectors file (open also checks the first and last)
+    last_before = np.array(reader[last])
+
+    write_corpus(corpus, edited(old, "change"))
+    build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+
+    # The files it already held: the old cache's bytes, as before.
+    np.testing.assert_array_equal(reader[0], first_before)
+    np.testing.assert_array_equal(reader[last], last_before)
+    # A file it opens now would be the new cache's: it says so, and names what to do.
+    starts = np.concatenate([[0], np.cumsum(reader.lengths)[:-1]])  # no --dedupe: rows in line order
+    middle = next(i for i in range(len(reader)) if reader.lengths[i] and 64 <= starts[i] < 2 * 64)  # file 1
+    with pytest.raises(CacheReplacedError, match="replaced after this reader opened it.*open the cache again"):
+        reader[middle]
+    with elmo_cache.open(output) as fresh_reader:  # opened again: the new cache, whole
+        assert verify(output).ok and len(fresh_reader) == len(edited(old, "change"))

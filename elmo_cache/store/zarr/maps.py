@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheCorruptError, CacheFormatError
+from elmo_cache.errors import CacheCorruptError, CacheFormatError, CacheReplacedError
 from elmo_cache.store.chunked import ChunkedArray
 from elmo_cache.store.positioned import OpenFile, PositionedRows
 
@@ -38,6 +38,14 @@ def _max_open_files() -> int:
     program (DataLoader workers, sockets...)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(8, 1024 if soft == resource.RLIM_INFINITY else soft // 8)
+
+
+def _folder_identity(directory: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None  # gone: the files' own opening says so
+    return st.st_dev, st.st_ino
 
 
 def _open_file(path: str, array: ChunkedArray, c: int) -> int | None:
@@ -98,6 +106,9 @@ class _RawFiles(PositionedRows):
         self._max_files = _max_open_files()
         # Each file's identity when first opened, and whether it held raw rows (then it is not checked again).
         self._known: dict[int, tuple[tuple[int, ...], bool]] = {}
+        # The folder's identity as opened: an update publishes a new cache by swapping folders, after which files
+        # first opened here would be the new cache's (see _open).
+        self._folder = _folder_identity(directory)
 
     def _block_rows(self, c: int) -> int:
         raise NotImplementedError
@@ -119,6 +130,12 @@ class _RawFiles(PositionedRows):
         if not 0 <= c < self.n_chunks:
             raise IndexError(f"file {c} out of range for array {self.name!r}")
         path = os.path.join(self._directory, self._key(c, self.ndim))  # not pathlib: this runs per reopen
+        folder = _folder_identity(self._directory)
+        if folder is not None and self._folder is not None and folder != self._folder:
+            raise CacheReplacedError(
+                f"{self._directory}: the cache was replaced after this reader opened it (build --update or a rebuild "
+                f"published a new one there), so {self._what(c)} would be the new cache's; open the cache again"
+            )
         fd = _open_file(path, self, c)
         source: tuple[OpenFile, int] | np.ndarray
         if fd is None:  # only in an unfinished cache opened with allow_incomplete: the fill value, as zarr says
