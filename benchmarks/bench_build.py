@@ -96,18 +96,27 @@ def _build_options(args, output: Path, batch_tokens: int):
     )
 
 
+def _corpus_and_encoder(args, workdir: Path):
+    """What throughput and pipeline build from: the corpus (``--corpus`` or a synthetic one in ``workdir``), its
+    sentences as a build splits them, the encoder and the tokens per batch (``--batch-tokens``, else the
+    encoder's default for its device)."""
+    from elmo_cache.text.tokenize import tokenize
+
+    corpus = Path(args.corpus) if args.corpus else workdir / "corpus.txt"
+    if not args.corpus:
+        synthetic_corpus(corpus, args.sentences)
+    sentences = [tokenize(line) for line in corpus.read_text(encoding="utf-8").splitlines()]
+    encoder = load_encoder(args, workdir)
+    return corpus, sentences, encoder, args.batch_tokens or encoder.default_batch_tokens
+
+
 def throughput(args) -> None:
     from elmo_cache.builder import build
-    from elmo_cache.text.tokenize import tokenize
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        corpus = Path(args.corpus) if args.corpus else workdir / "corpus.txt"
-        tokens = synthetic_corpus(corpus, args.sentences) if not args.corpus else None
-        sentences = [tokenize(line) for line in corpus.read_text(encoding="utf-8").splitlines()]
+        corpus, sentences, encoder, batch_tokens = _corpus_and_encoder(args, workdir)
         tokens = sum(map(len, sentences))
-        encoder = load_encoder(args, workdir)
-        batch_tokens = args.batch_tokens or (32768 if encoder.device.type == "cuda" else 8192)
         print(machine())
         print(
             f"model {args.size if not args.options_file else args.options_file} (dim {encoder.output_dim}), device "
@@ -154,17 +163,11 @@ def pipeline(args) -> None:
     hashing, window cutting, selection and cast, copies to the host, block sums, staging, writing and publishing
     at the rate they alone allow. A build cannot be faster than this whatever the encoder's speed."""
     from elmo_cache.builder import build
-    from elmo_cache.text.tokenize import tokenize
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        corpus = Path(args.corpus) if args.corpus else workdir / "corpus.txt"
-        if not args.corpus:
-            synthetic_corpus(corpus, args.sentences)
-        sentences = [tokenize(line) for line in corpus.read_text(encoding="utf-8").splitlines()]
+        corpus, sentences, encoder, batch_tokens = _corpus_and_encoder(args, workdir)
         tokens = sum(map(len, sentences))
-        encoder = load_encoder(args, workdir)
-        batch_tokens = args.batch_tokens or (32768 if encoder.device.type == "cuda" else 8192)
         generator = torch.Generator(device=encoder.device).manual_seed(0)
         shape = (encoder.n_layers, batch_tokens, encoder.output_dim)
         pool = torch.randn(shape, generator=generator, device=encoder.device)

@@ -23,6 +23,7 @@ from elmo_cache.builder.alloc import fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
+from elmo_cache.encoder.names import batch_tokens_for
 from elmo_cache.encoder.transfer import HostCopy
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.rows.codecs import nonfinite_rows, stored_rows_on_device
@@ -46,7 +47,6 @@ __all__ = [
     "windows_entry",
 ]
 
-_BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
 # A window never holds more sentences than this, so a file of empty lines still commits.
 WINDOW_MAX_SENTENCES = 1 << 16
 
@@ -60,7 +60,7 @@ def is_cut_point(sentence_hash: int, cost: int, span: int) -> bool:
 
 def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
     """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type."""
-    return options.batch_tokens or _BATCH_TOKENS.get(device_type, _BATCH_TOKENS["cpu"])
+    return options.batch_tokens or batch_tokens_for(device_type)
 
 
 def windows_entry(batch_tokens: int, window_batches: int) -> dict[str, int | str]:

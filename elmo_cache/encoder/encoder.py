@@ -36,6 +36,7 @@ from elmo_cache.encoder.hardware import (
     resolve_device,
 )
 from elmo_cache.encoder.lstm_states import InitialStates
+from elmo_cache.encoder.names import BATCH_TOKENS, batch_tokens_for
 from elmo_cache.encoder.transfer import HostCopy, to_device
 from elmo_cache.encoder.word_cache import WordVectorCache
 from elmo_cache.errors import InvalidParameterError
@@ -71,8 +72,7 @@ WARMUP_TEXT = (
 # What versions the warm initial state in an identity (Encoder.identity, Encoder.describe).
 _WARMUP_SHA256 = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
 
-DEFAULT_BATCH_TOKENS = 8192
-DEFAULT_BATCH_TOKENS_CUDA = 32768
+DEFAULT_BATCH_TOKENS = BATCH_TOKENS["cpu"]
 DEFAULT_WORD_CACHE_SIZE = 20000
 
 
@@ -257,7 +257,7 @@ class Encoder:
     def default_batch_tokens(self) -> int:
         """Tokens per sub-batch when none is asked for: larger on a GPU, where a batch's
         fixed costs (one kernel launch per timestep and layer) are the larger share."""
-        return DEFAULT_BATCH_TOKENS_CUDA if self.device.type == "cuda" else DEFAULT_BATCH_TOKENS
+        return batch_tokens_for(self.device.type)
 
     def _sentence_major(self, flat: torch.Tensor, offsets: np.ndarray) -> torch.Tensor:
         """``(layers, tokens, dim)`` rearranged so that each sentence's ``(layers, n, dim)`` block is

@@ -10,10 +10,21 @@ import re
 
 from elmo_cache.errors import InvalidParameterError
 
-__all__ = ["PRECISION_NAMES", "check_precision_name", "check_device_name"]
+__all__ = ["PRECISION_NAMES", "BATCH_TOKENS", "batch_tokens_for", "check_precision_name", "check_device_name"]
 
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """The encoder's arithmetic: IEEE float32, bfloat16 or float16."""
+
+BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
+"""Tokens per encoder batch when none is asked for, by device type: larger on a GPU, where a batch's fixed costs
+(one kernel launch per timestep and layer) are the larger share (benchmarks/RESULTS.md, "On a GPU, second
+lease"). The encoder's and the build's default alike."""
+
+
+def batch_tokens_for(device_type: str) -> int:
+    """:data:`BATCH_TOKENS` of ``device_type`` (the CPU's for any other)."""
+    return BATCH_TOKENS.get(device_type, BATCH_TOKENS["cpu"])
+
 
 _DEVICE = re.compile(r"(cpu|cuda)(:[0-9]+)?")
 

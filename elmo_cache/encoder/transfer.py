@@ -55,10 +55,6 @@ class HostCopy:
         self._event = torch.cuda.Event()
         self._event.record(torch.cuda.current_stream(tensor.device))
 
-    @property
-    def nbytes(self) -> int:
-        return self._host.numel() * self._host.element_size()
-
     def result(self, *, own: bool = False) -> np.ndarray:
         """The array on the host (waits for the copy on CUDA). By default it is the pinned buffer itself, which
         it keeps alive: for a caller that uses it and lets it go (a build). ``own=True``: an array in ordinary
