@@ -29,7 +29,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep its log, say how it ended (o
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
 # Which steps run: all by default, e.g. STEPS="tests phases" for a second, shorter call.
-STEPS=${STEPS:-tests phases pipeline build encoder}
+STEPS=${STEPS:-tests phases disk pipeline build encoder}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -49,12 +49,18 @@ if [ -d .base/elmo_cache ]; then
         --device cuda --precision bf16,fp32 --batch-tokens 8192,32768 --json "$OUT/phases-base.json"
     grep -E "tok/s" "$OUT/phases-base.log" 2>/dev/null
 fi
-# The build without the model (the rate the host side allows), at two sizes (the difference is the per-token
-# rate, the rest fixed costs), the larger one profiled per thread where yappi is installed.
-step pipeline-fp16 60 python3 benchmarks/bench_build.py pipeline --size original --device cuda --sentences 12000 \
-    --layers 1,2 --fp16 --repeats 2
-step pipeline-fp16-big 100 python3 benchmarks/bench_build.py pipeline --size original --device cuda \
+# The ceilings the writer works under: filling fresh against reused memory, writing from 1-8 threads, syncing.
+mkdir -p "$ELMO_CACHE_BENCH_DIR"
+step disk 60 python3 benchmarks/bench_disk.py --gib 4 --threads 1,2,4,8 --dir "$ELMO_CACHE_BENCH_DIR"
+cat "$OUT/disk.log" 2>/dev/null
+# The build without the model (the rate the host side allows), profiled per thread where yappi is installed, and
+# the same on the previous tree where .base holds it.
+step pipeline-fp16 100 python3 benchmarks/bench_build.py pipeline --size original --device cuda \
     --sentences 48000 --layers 1,2 --fp16 --repeats 2 --profile
+if [ -d .base/elmo_cache ]; then
+    step pipeline-base 80 env PYTHONPATH=".base:${PYTHONPATH:-}" python3 benchmarks/bench_build.py pipeline \
+        --size original --device cuda --sentences 48000 --layers 1,2 --fp16 --repeats 2
+fi
 step pipeline-int8 60 python3 benchmarks/bench_build.py pipeline --size original --device cuda --sentences 48000 \
     --quantize int8 --repeats 1
 grep -E "best|run " "$OUT"/pipeline-*.log 2>/dev/null

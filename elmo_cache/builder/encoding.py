@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from elmo_cache.builder.alloc import fix_mmap_threshold
+from elmo_cache.builder.alloc import WindowBuffers, fix_mmap_threshold
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
@@ -180,11 +180,20 @@ def assign_window(window: Window, rows_before: int, seen: SeenSentences | None) 
 class WindowEncoder:
     """Turns windows into rows in input order, in the stored layout and dtype."""
 
-    def __init__(self, encoder: Encoder, plan: Plan, batch_tokens: int, corpus: str = "the corpus"):
+    def __init__(
+        self,
+        encoder: Encoder,
+        plan: Plan,
+        batch_tokens: int,
+        corpus: str = "the corpus",
+        buffers: WindowBuffers | None = None,
+    ):
         # Both engines encode windows through here: without it the process's heap creeps up window after
         # window (see elmo_cache.builder.alloc).
         fix_mmap_threshold()
         self.encoder = encoder
+        # Where a window's rows go: blocks the caller gives back once written (the local engine), else fresh.
+        self.buffers = buffers
         self.selection = plan.selection
         self.batch_tokens = batch_tokens
         # What a refused non-finite value names: the corpus, and how its sentences are counted.
@@ -338,7 +347,8 @@ class WindowEncoder:
         # is bit-identical to an uninterrupted one, and so is a distributed build (costs ~4% of
         # an Original-size encode).
         self.encoder.clear_word_cache()
-        vectors = np.empty((int(lengths[new].sum(dtype=np.int64)), *self.row_shape), dtype=self.np_dtype)
+        shape = (int(lengths[new].sum(dtype=np.int64)), *self.row_shape)
+        vectors = np.empty(shape, self.np_dtype) if self.buffers is None else self.buffers.empty(shape, self.np_dtype)
         pooled = None
         if self.pooling is not None and self.pooled_shape is not None:
             pooled = np.zeros((len(lengths), *self.pooled_shape), dtype=self.pooling.dtype)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from elmo_cache.builder.alloc import WindowBuffers
 from elmo_cache.builder.codebooks import corpus_windows, final_arrays, train_in_process
 from elmo_cache.builder.corpus_record import compare, corpus_entry, line_hashes
 from elmo_cache.builder.dedupe import SeenSentences
@@ -168,9 +169,13 @@ def _changed_since(source: Corpus, committed: np.ndarray | None, found: str) -> 
 
 
 class _WriterThread(threading.Thread):
-    def __init__(self, writer: Writer, commit_seconds: float, bar: Any, run_start: float):
+    def __init__(
+        self, writer: Writer, commit_seconds: float, bar: Any, run_start: float, buffers: WindowBuffers | None = None
+    ):
         super().__init__(name="elmo-cache-writer", daemon=True)
         self.writer = writer
+        # Where written windows' rows go back to, for the encoder's next windows.
+        self.buffers = buffers
         self.commit_seconds = commit_seconds
         self.bar = bar
         self.queue: queue.Queue = queue.Queue(maxsize=1)  # one window waits while one is written
@@ -194,6 +199,8 @@ class _WriterThread(threading.Thread):
                     self._commit(item.done)
                     return
                 self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens, item.pooled)
+                if self.buffers is not None:  # written: the writers keep no reference to the rows they append
+                    self.buffers.release(item.vectors)
                 self._encoded_since += item.encoded_tokens
                 self.tokens += int(item.lengths.sum(dtype=np.int64))
                 if self.bar is not None:  # the count moves as sentences are encoded; this adds what is written
@@ -445,7 +452,8 @@ def _run(
     progress = writer.progress
     committed = writer.hashes.read(progress.lines) if progress.lines else None
     seen = _seen_sentences(writer, committed) if options.dedupe else None
-    encode = WindowEncoder(encoder, plan, batch_tokens, source.name)
+    buffers = WindowBuffers()
+    encode = WindowEncoder(encoder, plan, batch_tokens, source.name, buffers)
     bar = _progress_bar(source, progress.lines) if options.progress else None
     windows: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
@@ -455,7 +463,7 @@ def _run(
         daemon=True,
         args=(source, progress.lines, committed, batch_tokens * options.window_batches, windows, stop),
     )
-    writer_thread = _WriterThread(writer, options.commit_seconds, bar, run_start)
+    writer_thread = _WriterThread(writer, options.commit_seconds, bar, run_start, buffers)
     reader.start()
     writer_thread.start()
     failure: BaseException | None = None
