@@ -352,14 +352,18 @@ class WindowEncoder:
         pooled = None
         if self.pooling is not None and self.pooled_shape is not None:
             pooled = np.zeros((len(lengths), *self.pooled_shape), dtype=self.pooling.dtype)
-        todo = sorted((i for i in range(len(lengths)) if new[i] and lengths[i]), key=lambda i: lengths[i])
+        # Shortest first, ties in line order (a stable sort): the batches, and so the last bits of every vector,
+        # depend on this order, which caches built before keep.
+        todo_array = np.flatnonzero(np.asarray(new, dtype=bool) & (np.asarray(lengths) > 0))
+        todo_array = todo_array[np.argsort(np.asarray(lengths)[todo_array], kind="stable")]
+        todo, todo_lengths = todo_array.tolist(), np.asarray(lengths)[todo_array].tolist()
         encoded = 0
         batches = []
         start = 0
         while start < len(todo):
             stop, cost = start, 0
-            while stop < len(todo) and (stop == start or cost + lengths[todo[stop]] + 2 <= self.batch_tokens):
-                cost += int(lengths[todo[stop]]) + 2
+            while stop < len(todo) and (stop == start or cost + todo_lengths[stop] + 2 <= self.batch_tokens):
+                cost += todo_lengths[stop] + 2
                 stop += 1
             batches.append(todo[start:stop])
             start = stop
@@ -378,10 +382,12 @@ class WindowEncoder:
                     f"{self.corpus}, {self.unit} {first_line + batch[k] + 1}: not finite once stored: {why}. "
                     "Nothing was published; the lines committed before are kept"
                 )
-            for k, i in enumerate(batch):
-                begin, length = int(offsets[i]) - rows_before, int(lengths[i])
-                vectors[begin : begin + length] = out[starts[k] : starts[k] + length]
-                encoded += length
+            # Each row to its sentence's place in the window, in one call: row r of sentence k goes to
+            # offsets[k] - rows_before + (r - starts[k]).
+            batch_lengths = np.asarray(lengths)[batch].astype(np.int64)
+            shift = np.asarray(offsets)[batch].astype(np.int64) - rows_before - starts.astype(np.int64)
+            vectors[np.repeat(shift, batch_lengths) + np.arange(len(out))] = out
+            encoded += int(batch_lengths.sum())
             if pooled is not None and batch_pooled is not None:
                 pooled[batch] = batch_pooled  # cast to the stored dtype, as the rows were
             if progress is not None:

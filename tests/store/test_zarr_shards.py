@@ -88,6 +88,47 @@ def test_a_crash_after_finishing_files_but_before_the_commit_is_cut_back(tmp_pat
     assert files(output) == files(reference)
 
 
+def test_a_failed_write_of_one_file_among_those_written_side_by_side_loses_nothing_committed(tmp_path, monkeypatch):
+    """One append spans several vectors files, written by separate threads: when one of those writes fails (a
+    full disk), the append raises that error once every other piece is done, and a resume from the last commit
+    writes the same cache as an uninterrupted writer."""
+    sentences = _sentences(12, seed=4)
+    reference = finish(write(tmp_path / "ref.zarr", sentences, layout()))
+    output = tmp_path / "c.zarr"
+    real = zarr_store.writer._append_to
+    spanned: list[int] = []
+
+    def failing_second_piece(path, data):
+        spanned.append(len(spanned))
+        if len(spanned) == 2:  # the second file of the first append that spans several
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    def crash(writer):
+        monkeypatch.setattr(zarr_store.writer, "_append_to", failing_second_piece)
+
+    progress = Progress(identity={"fmt": "zarr"})
+    writer = store.ZarrWriter.create(
+        output, layout(), progress, _metadata(progress, complete=False, n_unique=0, row_shape=ROW)
+    )
+    rows = _append(writer, sentences[:4], 0, 0, ROW)
+    writer.commit()
+    crash(writer)
+    with pytest.raises(OSError, match="No space left"):
+        _append(writer, sentences[4:], rows, 4, ROW)  # 8 sentences of 1-4 rows: several 6-row files
+    assert len(spanned) >= 3  # the pieces after the failed one were written too, before the error came
+    writer.close()
+    monkeypatch.undo()
+    committed = store.load_progress(output)
+    assert committed.lines == 4
+    resumed = store.ZarrWriter.resume(output, layout(), committed)
+    _append(resumed, sentences[4:], committed.rows, 4, ROW)
+    resumed.commit(done=True)
+    finish(resumed)
+    check(output, sentences)
+    assert files(output) == files(reference)
+
+
 def test_a_crash_after_the_commit_but_before_publishing_is_finished_on_resume(tmp_path, monkeypatch):
     sentences = _sentences(12, seed=5)
     reference = finish(write(tmp_path / "ref.zarr", sentences, layout()))

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +40,27 @@ _workers_lock = threading.Lock()
 
 
 def _side_workers() -> ThreadPoolExecutor:
-    """Threads for the work beside a window's write: its whole-file CRC-32 and block CRC-32Cs, and the early sync
-    of a filled vectors file. The write and zlib's CRC-32 release the GIL, so the passes over a window's bytes run
-    side by side rather than one after another (on an H200 machine the writer was the build's limit, at ~1.1 GB/s
-    for the three in a row: benchmarks/RESULTS.md)."""
+    """Threads for a window's writes and the work beside them: each vectors file's piece of the window is written
+    by its own thread (one file's buffered writes are serialised by the kernel, separate files' are not: from one
+    to four threads the page cache took 3.1 -> 14.4 GB/s on an H100 machine, ``benchmarks/bench_disk.py``), its
+    whole-file CRC-32 and block CRC-32Cs are computed beside the write, and a filled file is synced as soon as it
+    fills. The writes and the sums release the GIL. On an H200 machine the writer had been the build's limit,
+    at ~1.1 GB/s for the three passes in a row (benchmarks/RESULTS.md)."""
     global _workers
     with _workers_lock:
         # A forked child inherits the pool but not its threads: work given to it would wait forever.
         if _workers is None or _workers[0] != os.getpid():
-            _workers = (os.getpid(), ThreadPoolExecutor(max_workers=3, thread_name_prefix="elmo-cache-writer-side"))
+            threads = max(3, min(12, os.cpu_count() or 1))
+            _workers = (
+                os.getpid(),
+                ThreadPoolExecutor(max_workers=threads, thread_name_prefix="elmo-cache-writer-side"),
+            )
         return _workers[1]
+
+
+def _append_to(path: Path, data: memoryview) -> None:
+    with open(path, "ab") as handle:
+        handle.write(data)
 
 
 class ZarrWriter(Writer):
@@ -66,8 +77,7 @@ class ZarrWriter(Writer):
         super().__init__(output, layout, progress)
         assert layout.chunk_rows is not None and layout.shard_rows is not None, "the build plan fills both"
         self.file_rows = vectors_file_rows(layout)
-        self._rows = 0  # rows appended, committed or not
-        self._handle: Any = None  # the open rows-<k>.bin of file k = self._rows // file_rows
+        self._rows = 0  # rows appended, committed or not (file self._rows // file_rows is the one being filled)
         self._filled: list[int] = []  # files whose rows are all appended, not yet finished
         self._ready: list[int] = []  # files finished at the last sync, renamed after the commit
         # CRC-32 of the rows appended so far to each file not yet finished, so that finishing a file
@@ -191,48 +201,44 @@ class ZarrWriter(Writer):
             self._linked[k] = (int(size), int(crc))
         return files
 
-    def _file_handle(self, k: int) -> Any:
-        if self._handle is None:
-            self._handle = open(self._rows_path(k), "ab")  # noqa: SIM115 - held across appends
-        return self._handle
-
-    def _close_handle(self, *, sync: bool) -> None:
-        if self._handle is not None:
-            if sync:
-                self._handle.flush()
-                os.fsync(self._handle.fileno())
-            self._handle.close()
-            self._handle = None
-
     def _append_vectors(self, vectors: np.ndarray) -> None:
-        done, n = 0, len(vectors)
+        # The window's rows cut at file boundaries: each file gets one piece, so the pieces are written side by
+        # side, and only the first can continue a file (and its sums) begun by an earlier append.
+        pieces: list[tuple[int, memoryview]] = []
+        filled: list[int] = []
+        done, rows, n = 0, self._rows, len(vectors)
         while done < n:
-            k = self._rows // self.file_rows
-            take = min(n - done, (k + 1) * self.file_rows - self._rows)
-            if k in self._linked:  # the cache being updated holds these rows at these places: not written
-                done += take
-                self._rows += take
-                if self._rows % self.file_rows == 0:
-                    self._filled.append(k)
-                continue
-            data = np.ascontiguousarray(vectors[done : done + take]).data.cast("B")
+            k = rows // self.file_rows
+            take = min(n - done, (k + 1) * self.file_rows - rows)
+            if k not in self._linked:  # else the cache being updated holds these rows at these places: not written
+                pieces.append((k, np.ascontiguousarray(vectors[done : done + take]).data.cast("B")))
+            done += take
+            rows += take
+            if rows % self.file_rows == 0:
+                filled.append(k)
+        workers = _side_workers()
+        writes: list[Future[None]] = []
+        block_sums: list[Future[None]] = []
+        file_crcs: dict[int, Future[int]] = {}
+        for k, data in pieces:
             summer = self._summers.get(k)
             if summer is None:
                 summer = self._summers[k] = BlockSummer(self.chunk_rows_bytes)
-            workers = _side_workers()
-            file_crc = workers.submit(checksum, data, self._rows_crc.get(k, 0))
-            block_sums = workers.submit(summer.update, data)
-            try:
-                self._file_handle(k).write(data)
-            finally:  # both sums are done before anything else touches them, also when the write failed
-                crc = file_crc.result()
-                block_sums.result()
-            self._rows_crc[k] = crc
-            done += take
-            self._rows += take
-            if self._rows % self.file_rows == 0:
-                self._close_handle(sync=False)
-                self._filled.append(k)
+            file_crcs[k] = workers.submit(checksum, data, self._rows_crc.get(k, 0))
+            block_sums.append(workers.submit(summer.update, data))
+            writes.append(workers.submit(_append_to, self._rows_path(k), data))
+        # Every piece and sum is done before anything else touches the files or the sums, also when one failed;
+        # then the first failure is raised (nothing of this append counts: a resume cuts the files back).
+        everything: list[Future[Any]] = [*writes, *block_sums, *file_crcs.values()]
+        wait(everything)
+        for future in everything:
+            future.result()
+        for k, crc in file_crcs.items():
+            self._rows_crc[k] = crc.result()
+        self._rows = rows
+        for k in filled:
+            self._filled.append(k)
+            if k not in self._linked:
                 self._early_syncs[k] = workers.submit(fsync_path, self._rows_path(k))
 
     def _finish_file(self, k: int, n_rows: int) -> tuple[int, int]:
@@ -273,9 +279,9 @@ class ZarrWriter(Writer):
         for k in self._filled:
             self.file_sums.append(np.array([self._finish_file(k, (k + 1) * self.file_rows)], dtype=np.int64))
         self._ready, self._filled = self._filled, []
-        if self._handle is not None:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
+        current = self._rows // self.file_rows
+        if self._rows % self.file_rows and current not in self._linked:  # the file being filled: its rows so far
+            fsync_path(self._rows_path(current))
         self.file_sums.sync()
         return {"linked": sorted(self._linked)} if self._linked else {}
 
@@ -288,7 +294,6 @@ class ZarrWriter(Writer):
         self._ready = []
 
     def _close_vectors(self) -> None:
-        self._close_handle(sync=False)
         self.file_sums.close()
 
     # -- finishing ----------------------------------------------------------------------------
@@ -296,7 +301,6 @@ class ZarrWriter(Writer):
     def finalize(self, metadata: dict[str, Any]) -> Path:
         rows = self.stored_rows
         assert rows == self._rows and not self._filled, "finalize follows the last commit"
-        self._close_handle(sync=True)
         files = -(-rows // self.file_rows)
         sums = {
             k: (int(size), int(crc))
