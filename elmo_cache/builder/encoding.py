@@ -24,7 +24,7 @@ from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
 from elmo_cache.encoder.names import batch_tokens_for
-from elmo_cache.encoder.transfer import HostCopy
+from elmo_cache.encoder.transfer import HostCopy, to_device
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.rows.codecs import nonfinite_rows, stored_rows_on_device
 from elmo_cache.rows.pooling import pool_batch
@@ -77,7 +77,8 @@ class _Submitted:
     flat: torch.Tensor
     out: torch.Tensor
     offsets: np.ndarray
-    stored: HostCopy
+    rows: torch.Tensor  # the stored rows where the codec made them (on the device where it can)
+    stored: HostCopy | None  # their copy to the host; None when the window is put together on the device
     finite: HostCopy | None  # on CUDA: whether every stored value is finite (else the codec checks the host rows)
 
 
@@ -238,9 +239,10 @@ class WindowEncoder:
                 )
             self.codec = trained
 
-    def _submit(self, batch: list[list[str]]) -> _Submitted:
-        """Queue one batch's work: the encoder, the selection, the storage cast or codes, and their copy to the host.
-        On CUDA nothing here waits for the device, so the host prepares the next batch while this one runs."""
+    def _submit(self, batch: list[list[str]], to_host: bool = True) -> _Submitted:
+        """Queue one batch's work: the encoder, the selection, the storage cast or codes, and (``to_host``) their copy
+        to the host. On CUDA nothing here waits for the device, so the host prepares the next batch while this one
+        runs."""
         import torch
 
         flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
@@ -257,16 +259,16 @@ class WindowEncoder:
             # codec's own diagnosis runs only when this fails. On a CPU numpy's check of the host rows is the
             # faster (3.5x torch's on float16 here).
             finite = HostCopy(torch.isfinite(stored if stored.is_floating_point() else out).all().reshape(1))
-        return _Submitted(flat, out, offsets, HostCopy(stored), finite)
+        return _Submitted(flat, out, offsets, stored, HostCopy(stored) if to_host else None, finite)
 
     def _collect(
         self, submitted: _Submitted
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, str] | None]:
-        """Rows of a submitted batch's sentences, concatenated in batch order, where each starts, with --pool each
-        sentence's pooled vector (float32), and the first sentence (its place in the batch) that would be stored
-        with a value that is not finite, with why (None: none)."""
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None, tuple[int, str] | None]:
+        """Rows of a submitted batch's sentences on the host, concatenated in batch order (None when they stay on
+        the device), where each starts, with --pool each sentence's pooled vector (float32), and the first sentence
+        (its place in the batch) that would be stored with a value that is not finite, with why (None: none)."""
         out, offsets = submitted.out, submitted.offsets
-        stored = submitted.stored.result()
+        stored = submitted.stored.result() if submitted.stored is not None else None
         starts = offsets[:-1]
         pooled = None
         if self.pooling is not None:
@@ -274,13 +276,15 @@ class WindowEncoder:
             # device and equals numpy's (on CUDA the float32 rows cross once more for it).
             pooled = pool_batch(out.cpu().numpy(), starts, np.diff(offsets), self.pooling.method)
         all_finite = submitted.finite is not None and bool(submitted.finite.result()[0])
-        return stored, starts, pooled, self._nonfinite(submitted.flat, out, stored, offsets, pooled, all_finite)
+        # Rows kept on the device cross only to be diagnosed, once something is not finite.
+        host = stored if stored is not None or all_finite else submitted.rows.cpu().numpy()
+        return stored, starts, pooled, self._nonfinite(submitted.flat, out, host, offsets, pooled, all_finite)
 
     def _nonfinite(
         self,
         flat: torch.Tensor,
         out: torch.Tensor,
-        stored: np.ndarray,
+        stored: np.ndarray | None,
         offsets: np.ndarray,
         pooled: np.ndarray | None,
         all_finite: bool = False,
@@ -291,7 +295,7 @@ class WindowEncoder:
         batch while all is well, the diagnosis only once something is wrong."""
         import torch
 
-        bad = self.codec.nonfinite(out, stored) if self.token_rows and not all_finite else None
+        bad = self.codec.nonfinite(out, stored) if self.token_rows and not all_finite and stored is not None else None
         if bad is not None:
             row = int(np.flatnonzero(bad)[0])
             return int(np.searchsorted(offsets, row, "right")) - 1, self._why(flat[:, row], out[row], "its vectors")
@@ -341,6 +345,8 @@ class WindowEncoder:
         at the end with the window's sentences that needed no encoding (repeats, empty lines), so a
         progress bar moves while a long window is encoded, not only when it is written.
         """
+        import torch
+
         # The encoder caches char-CNN vectors per word, and a word's vector carries the last-bit
         # rounding of the batch it was first computed in. Starting every window with an empty
         # cache makes each window's vectors a function of the window alone, so a resumed build
@@ -367,13 +373,15 @@ class WindowEncoder:
                 stop += 1
             batches.append(todo[start:stop])
             start = stop
+        on_device = self._window_on_device(vectors.nbytes) if batches else False
+        window = None  # the window's rows on the device, put together there (on_device), else None
         # One batch queued ahead: the device encodes it while the host stores the one before.
-        submitted = self._submit([tokens[i] for i in batches[0]]) if batches else None
+        submitted = self._submit([tokens[i] for i in batches[0]], not on_device) if batches else None
         for number, batch in enumerate(batches):
             current = submitted
             assert current is not None
             following = batches[number + 1] if number + 1 < len(batches) else None
-            submitted = None if following is None else self._submit([tokens[i] for i in following])
+            submitted = None if following is None else self._submit([tokens[i] for i in following], not on_device)
             out, starts, batch_pooled, problem = self._collect(current)
             if problem is not None:
                 # Raised before this window reaches a writer: nothing of it is stored, what was committed stays.
@@ -386,12 +394,36 @@ class WindowEncoder:
             # offsets[k] - rows_before + (r - starts[k]).
             batch_lengths = np.asarray(lengths)[batch].astype(np.int64)
             shift = np.asarray(offsets)[batch].astype(np.int64) - rows_before - starts.astype(np.int64)
-            vectors[np.repeat(shift, batch_lengths) + np.arange(len(out))] = out
+            places = np.repeat(shift, batch_lengths) + np.arange(int(current.offsets[-1]))
+            if out is not None:
+                vectors[places] = out
+            else:
+                rows = current.rows
+                if window is None:
+                    window = torch.empty(vectors.shape, dtype=rows.dtype, device=rows.device)
+                window.index_copy_(0, to_device(places, rows.device), rows)
             encoded += int(batch_lengths.sum())
             if pooled is not None and batch_pooled is not None:
                 pooled[batch] = batch_pooled  # cast to the stored dtype, as the rows were
             if progress is not None:
                 progress(len(batch))
+        if window is not None:  # one copy of the whole window to the host, instead of one per batch plus a scatter
+            torch.from_numpy(vectors).copy_(window)
         if progress is not None and len(lengths) > len(todo):
             progress(len(lengths) - len(todo))
         return vectors, pooled, encoded
+
+    def _window_on_device(self, nbytes: int) -> bool:
+        """Whether a window of ``nbytes`` stored bytes is put together on the device: on CUDA, with a codec that
+        makes its rows there, when the device has room for it three times over. Each batch's rows then go to
+        their places in the window on the device, and the window crosses to the host in one copy at its end: on
+        an H100 machine the host's scatter of every batch's rows into the window (~3 GB/s) had become the
+        build's slowest step (benchmarks/RESULTS.md). Otherwise (a CPU, or a device short of memory) each batch
+        crosses on its own and the host places its rows."""
+        import torch
+
+        if self.encoder.device.type != "cuda" or getattr(self.codec, "encode_rows", None) is None:
+            return False
+        free, _ = torch.cuda.mem_get_info(self.encoder.device)
+        reusable = torch.cuda.memory_reserved(self.encoder.device) - torch.cuda.memory_allocated(self.encoder.device)
+        return 3 * nbytes <= free + reusable

@@ -26,7 +26,7 @@ from elmo_cache.cli.main import cli
 from elmo_cache.model.random_model import PRESETS, write_random_model
 from elmo_cache.server import create_app
 from elmo_cache.text.tokenize import tokenize
-from tests._build_fixtures import corpus_lines, write_corpus
+from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
 from tests.server_helpers import UNSEEN, close, decode, run, settings
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
@@ -123,6 +123,36 @@ def test_build_on_the_gpu_stores_what_the_cpu_build_stores(tmp_path, tiny_model)
         assert len(gpu) == len(cpu) == 40
         for i in range(len(cpu)):
             np.testing.assert_allclose(np.asarray(gpu[i]), np.asarray(cpu[i]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("storage", [{"layers": (1, 2), "fp16": True}, {"quantize": "int8"}], ids=["fp16", "int8"])
+def test_a_window_put_together_on_the_gpu_stores_what_the_host_path_stores(tmp_path, tiny_model, monkeypatch, storage):
+    """Windows that fit on the device are put together there and cross in one copy; the bytes are those of the
+    path where each batch crosses and the host places its rows (tests/builder/test_encoding.py forces both on a
+    CPU)."""
+    from elmo_cache.builder import BuildOptions, build
+    from elmo_cache.builder.encoding import WindowEncoder
+
+    corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(80, seed=5))
+    encoder = Encoder.load(tiny_model, device="cuda")
+    real = WindowEncoder._window_on_device
+    chosen: list[bool] = []
+
+    def recorded(self, nbytes):
+        chosen.append(real(self, nbytes))
+        return chosen[-1]
+
+    def run_build(name):
+        options = BuildOptions(output=tmp_path / name, batch_tokens=64, window_batches=2, progress=False, **storage)
+        build(corpus, options, encoder=encoder)
+        return options.output
+
+    monkeypatch.setattr(WindowEncoder, "_window_on_device", recorded)
+    on_device = run_build("device.zarr")
+    assert chosen and all(chosen)
+    monkeypatch.setattr(WindowEncoder, "_window_on_device", lambda self, nbytes: False)
+    on_host = run_build("host.zarr")
+    assert_same_cache(on_device, on_host)
 
 
 def test_server_encodes_unseen_sentences_on_the_gpu(tiny_model):
