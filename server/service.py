@@ -462,6 +462,7 @@ class EmbedService:
             "default_output": self.default_selection.describe(),
             "dtype": self.dtype.name,
             "dim": self.dim,
+            "write_back": None if self.writeback is None else self.writeback.info(),
             "available_layers": list(ALL_LAYERS)
             if self.encoder is not None
             else list((self.stored.layers if self.stored is not None else None) or ()),
