@@ -238,7 +238,9 @@ def test_a_full_journal_or_a_failing_disk_still_answers(tmp_path, encoder, monke
 
     async def disk_full(client):
         first = await client.get("/embed", params={"sentence": UNSEEN[0]})
-        app.state.service.writeback.journal.flush(10)
+        journal = app.state.service.writeback.journal
+        journal.flush(10)
+        assert os.path.getsize(path) == journal.size  # the partial write was cut back at once
         after = await client.get("/embed", params={"sentence": UNSEEN[0]})
         app.state.service.writeback.journal.flush(10)
         failing["on"] = False  # room again
@@ -281,3 +283,41 @@ def test_metrics_and_info_describe_the_journal(tmp_path, encoder):
     assert metric(text, "elmo_cache_live_sentences_total") == 2  # the repeat in one request is encoded once
     assert metric(text, "elmo_cache_writeback_written_total") == 2
     assert metric(text, "elmo_cache_writeback_bytes") == os.path.getsize(journal_path(cache.path))
+
+
+LONGER = [
+    "The committee said on Tuesday that the new rules would apply to every school in the region from next year .",
+    "Nobody at the meeting could explain why the figures published in March differed so much from the earlier ones .",
+    "A spokesman for the company declined to comment on the report , saying only that talks were continuing .",
+    "Heavy rain is expected across the north of the country tonight , with strong winds along the coast .",
+    "short one",
+]
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return elmo_cache.Encoder.load("bundled", device="cpu")
+
+
+def test_misses_of_one_request_are_each_kept_as_a_fresh_build_of_it(tmp_path, bundled):
+    """With the bundled model a sentence's last bits change when it shares a batch with others (the tiny model's
+    do not), so this is where encoding each miss alone shows: three misses of one request, kept byte for byte as
+    three fresh builds, where the live batch without write-back differs."""
+    cache = _build(tmp_path / "c.zarr", bundled, LINES)
+    app = create_app(_wb_settings(cache.path), encoder=bundled, cache=cache)
+
+    async def scenario(client):
+        response = await client.post("/embed", json={"sentences": LONGER, "format": "npy"})
+        assert response.status_code == 200 and response.headers["x-elmo-sources"] == ",".join(["live"] * len(LONGER))
+        assert app.state.service.writeback.journal.flush(10)
+
+    run(app, scenario)
+    batched = bundled.embed_batch([tokenize(line) for line in LONGER])
+    differs = 0
+    with open_journal(cache) as journal:
+        for line, live in zip(LONGER, batched):
+            _, rows, _ = _fresh_row(tmp_path, bundled, line)
+            kept, _ = journal.get(key_of(tokenize(line)))
+            assert kept.tobytes() == rows.tobytes()
+            differs += live.transpose(1, 0, 2).tobytes() != rows.tobytes()
+    assert differs > 0  # the batched live answers are not the fresh build's bytes: the test can tell
