@@ -73,6 +73,11 @@ class Metrics:
             registry=r,
         )
 
+        self.cache_reopened = Counter(
+            "elmo_cache_cache_reopened",
+            "Times the cache was reopened because a new generation was published at its path (build --update)",
+            registry=r,
+        )
         self.writeback_hits = Counter(
             "elmo_cache_writeback_hits",
             "Sentences answered from the write-back journal (counted in cache_hits too)",

@@ -18,6 +18,9 @@ always have the same shape and dtype:
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +30,8 @@ import numpy as np
 
 from elmo_cache.errors import (
     CacheFormatError,
+    CacheReplacedError,
+    ElmoCacheError,
     InvalidParameterError,
     LimitExceededError,
     NotInCacheError,
@@ -46,6 +51,7 @@ from elmo_cache.server.pooled import (
 from elmo_cache.server.settings import Settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.server.writeback import key_of
+from elmo_cache.store.journal import encoding_identity
 from elmo_cache.text.tokenize import PTB, WHITESPACE, sentence_key, tokenizer_for
 
 if TYPE_CHECKING:
@@ -53,7 +59,21 @@ if TYPE_CHECKING:
     from elmo_cache.reader.cache import Cache
     from elmo_cache.server.writeback import WriteBack
 
-__all__ = ["Embedding", "EmbedService", "Timings"]
+__all__ = ["Embedding", "EmbedService", "Timings", "REOPEN_CHECK_S"]
+
+_log = logging.getLogger("elmo_cache.server")
+
+REOPEN_CHECK_S = 1.0
+"""How often (seconds, at most) a lookup checks whether a new generation of the cache was published at its path."""
+
+
+def _generation(path: Any) -> tuple[int, int] | None:
+    """Which file or folder ``path`` names now (device, inode), or None when nothing is there (mid-publish)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 @dataclass
@@ -121,6 +141,13 @@ class EmbedService:
         self.settings = settings
         self.metrics = metrics
         self.cache = cache
+        # Where the cache lives and which file or folder it was (device, inode): a build --update publishes a new
+        # generation there, which _current_cache opens.
+        self._cache_path = settings.cache_path if settings.cache_path is not None else getattr(cache, "path", None)
+        self._generation = None if cache is None or self._cache_path is None else _generation(self._cache_path)
+        self._checked_at = time.monotonic()
+        self._reopen_lock = threading.Lock()
+        self._refused: tuple[int, int] | None = None
         self.encoder = encoder
         self.batcher = batcher
         # serve --write-back: misses kept in the cache's journal, and the encodings in flight by sentence key.
@@ -344,9 +371,70 @@ class EmbedService:
         self, token_lists: list[list[str]], selection: Selection, pool: str | None = None
     ) -> tuple[list[np.ndarray | None], int]:
         """Runs in a worker thread: reading the store may touch the disk. The answers (None: a miss), and how many
-        came from the write-back journal."""
+        came from the write-back journal. A cache replaced at its path since it was opened (``build --update``)
+        is reopened first, or when a read finds it replaced (:class:`CacheReplacedError`), and the lookup redone."""
+        try:
+            return self._lookup_in(self._current_cache(), token_lists, selection, pool)
+        except CacheReplacedError:
+            cache = self._current_cache(replaced=True)
+            return self._lookup_in(cache, token_lists, selection, pool)
+
+    def _current_cache(self, *, replaced: bool = False) -> Cache:
+        """The cache to read: the one at the served path, reopened when another generation was published there
+        (checked at most every REOPEN_CHECK_S, and whenever a read found its cache replaced). A new generation of
+        other options or another model is not taken: it would not answer as this server's settings say."""
         cache = self.cache
         assert cache is not None
+        now = time.monotonic()
+        if self._cache_path is None or (not replaced and now - self._checked_at < REOPEN_CHECK_S):
+            return cache
+        self._checked_at = now
+        generation = _generation(self._cache_path)
+        if generation is None or (generation == self._generation and not replaced):
+            return cache
+        with self._reopen_lock:
+            if self.cache is not cache and self.cache is not None:  # another thread reopened it meanwhile
+                return self.cache
+            import elmo_cache
+
+            try:
+                fresh = elmo_cache.open(self._cache_path)
+            except ElmoCacheError as exc:  # caught mid-publish, or a broken new cache: keep the old one
+                _log.warning(
+                    "the cache at %s changed but cannot be opened now (%s); still serving the old one",
+                    self._cache_path,
+                    exc,
+                )
+                if replaced:
+                    raise
+                return cache
+            if encoding_identity(fresh.metadata) != encoding_identity(cache.metadata):
+                if generation != self._refused:
+                    self._refused = generation
+                    _log.error(
+                        "the cache at %s was replaced by one of other options or another model; this server keeps "
+                        "answering from the one it opened (what it can still read): restart it to serve the new one",
+                        self._cache_path,
+                    )
+                fresh.close()
+                if replaced:
+                    raise CacheReplacedError(
+                        f"{self._cache_path}: the cache was replaced by one of other options; restart the server"
+                    )
+                return cache
+            self.cache, self._generation = fresh, generation
+            self.metrics.cache_reopened.inc()
+            _log.info(
+                "the cache at %s was replaced (build --update?): serving the new one, %d sentences",
+                self._cache_path,
+                len(fresh),
+            )
+            # The old one is left to the garbage collector: reads in other threads may still hold it.
+            return fresh
+
+    def _lookup_in(
+        self, cache: Cache, token_lists: list[list[str]], selection: Selection, pool: str | None
+    ) -> tuple[list[np.ndarray | None], int]:
         out: list[np.ndarray | None] = []
         kept = 0
         for tokens in token_lists:
