@@ -148,7 +148,7 @@ def _server_modules() -> tuple[Any, tuple[Any, Any]]:
     "--write-back-commit-ms",
     type=float,
     help="The journal is written and fsynced once the oldest kept miss is this old: a kill -9 or a power cut "
-    "loses at most the misses answered in the last N ms (plus the commit in progress). [default: 50]",
+    "loses at most the misses answered in the last N ms (plus the time the commits take). [default: 50]",
 )
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")

@@ -14,7 +14,8 @@ files). Lookups by text (the server's, ``Cache.get``) consult it after the cache
 
 Durability is a group commit: a writer thread writes what was queued and ``fsync``\\ s it once the oldest
 queued record is ``commit_ms`` old, so a ``kill -9`` (or a power cut) loses at most the records queued in
-the last ``commit_ms`` plus the one commit in progress. A torn tail (a record cut by the kill, or failing
+the last ``commit_ms`` plus the time the commits take (one may wait behind another on a disk slower than
+``commit_ms``). A torn tail (a record cut by the kill, or failing
 its CRC) is dropped when the writer opens the journal, with everything after it; readers skip it. One
 writer at a time (an exclusive ``flock``; the kernel drops it when the process dies). The file never grows
 past ``max_bytes``: a record that would pass it is not written (counted, the answer is still served).
