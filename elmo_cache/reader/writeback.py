@@ -7,12 +7,14 @@ by text (``Cache.get``, the server) consult it after the cache.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.rows.pooling import pooled_shape
+from elmo_cache.rows.codecs import codec_of_metadata
+from elmo_cache.rows.pooling import pool_of, pooled_shape
 from elmo_cache.rows.selection import Selection
 from elmo_cache.store.journal import DEFAULT_COMMIT_MS, DEFAULT_MAX_BYTES, Journal, RecordLayout, encoding_identity
 from elmo_cache.store.journal import journal_path as journal_path
@@ -20,17 +22,22 @@ from elmo_cache.store.journal import journal_path as journal_path
 # A cache here is an open elmo_cache.reader.cache.Cache (not imported: it imports this module).
 Cache = Any
 
-__all__ = ["record_layout", "open_journal", "read_journal", "journal_path"]
+__all__ = ["record_layout", "layout_of_metadata", "open_journal", "read_journal", "journal_path"]
 
 
 def record_layout(cache: Cache) -> RecordLayout:
     """The bytes a journal record of ``cache`` holds: its stored rows, and its pooled vector when it has one."""
-    selection = Selection.from_metadata(cache.metadata)
-    row = selection.row_shape(cache.dim)
-    pool = cache.pool
+    return layout_of_metadata(cache.metadata)
+
+
+def layout_of_metadata(meta: Mapping[str, Any]) -> RecordLayout:
+    """:func:`record_layout` of the cache whose metadata is ``meta``."""
+    row = Selection.from_metadata(meta).row_shape(int(meta["dim"]))
+    codec = codec_of_metadata(meta)
+    pool = pool_of(meta)
     return RecordLayout(
-        row_dtype=np.dtype(cache.codec.dtype).str,
-        row_shape=tuple(cache.codec.stored_shape(row)),
+        row_dtype=np.dtype(codec.dtype).str,
+        row_shape=tuple(codec.stored_shape(row)),
         pooled_dtype=None if pool is None else np.dtype(pool.dtype).str,
         pooled_shape=None if pool is None else tuple(pooled_shape(row, pool.method)),
     )
