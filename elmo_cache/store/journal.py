@@ -193,6 +193,12 @@ class Journal:
                     self.dropped_tail,
                     len(self._index),
                 )
+        except OSError as exc:  # a disk that is full or failing as the server starts: a plain refusal
+            os.close(self._fd)
+            raise InvalidParameterError(
+                f"write-back journal {self.path}: cannot prepare it: {exc.strerror or exc}; free space or serve "
+                "without --write-back"
+            ) from None
         except BaseException:
             os.close(self._fd)
             raise

@@ -161,3 +161,16 @@ def test_a_reader_sees_what_a_writer_commits_later(tmp_path):
     writer.close()
     reader.close()
     assert os.path.exists(path)
+
+
+def test_a_disk_full_as_the_journal_is_created_is_a_plain_refusal(tmp_path, monkeypatch):
+    import errno
+
+    from elmo_cache.store import journal as journal_module
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_module.os, "pwrite", full)
+    with pytest.raises(InvalidParameterError, match="cannot prepare it: No space left on device"):
+        _writer(tmp_path / "j.writeback")
