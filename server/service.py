@@ -390,8 +390,8 @@ class EmbedService:
             return cache
         self._checked_at = now
         generation = _generation(self._cache_path)
-        if generation is None or (generation == self._generation and not replaced):
-            return cache
+        if generation is None or (generation in (self._generation, self._refused) and not replaced):
+            return cache  # unchanged, or a cache of other options already refused (logged once)
         with self._reopen_lock:
             if self.cache is not cache and self.cache is not None:  # another thread reopened it meanwhile
                 return self.cache
