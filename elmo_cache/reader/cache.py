@@ -420,6 +420,11 @@ class Cache:
         The journal is opened on the first call (a journal written for another model or other options is
         ignored, with a warning) and re-read when it has grown; its sentences have no number."""
         self._require()
+        found = self._written_back_record(sentence)
+        return None if found is None else self.sentence_from_rows(found[0])
+
+    def _written_back_record(self, sentence: str | Sequence[str]) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The stored rows and pooled vector (None without) of ``sentence`` in the write-back journal, or None."""
         tokens = self._split(sentence) if isinstance(sentence, str) else list(sentence)
         if not tokens or not is_storable(tokens):
             return None
@@ -436,8 +441,8 @@ class Cache:
         key = sentence_key(tokens).encode(*TEXT_ENCODING)
         if key not in journal:
             journal.refresh()
-        found = journal.get(key)
-        return None if found is None else self.sentence_from_rows(found[0])
+        found: tuple[np.ndarray, np.ndarray | None] | None = journal.get(key)
+        return found
 
     def sentence_from_rows(self, rows: np.ndarray) -> np.ndarray:
         """One sentence's stored rows ``(n_tokens, *stored row)`` as ``cache[i]`` returns a sentence: decoded
@@ -447,7 +452,7 @@ class Cache:
 
     def sentence_vector(self, sentence: Any, pool: str | None = None) -> np.ndarray | None:
         """One vector for a whole sentence: by number (negative counts from the end), or by text or token
-        list (None when it is not cached, as :meth:`get`).
+        list (None when it is not cached, as :meth:`get`, which also looks in the write-back journal).
 
         ``pool`` is ``"mean"``, ``"max"`` or ``"first-last"`` (docs/FORMAT.md, "Pooled sentence vectors"); None:
         the cache's own (``build --pool``). The cache's own pool is read from its ``pooled`` array (its
@@ -465,7 +470,13 @@ class Cache:
         else:
             raise TypeError(f"sentence: expected a number, a text or a token list, got {type(sentence).__name__}")
         if i is None:
-            return None
+            kept = None if isinstance(sentence, (int, np.integer)) else self._written_back_record(sentence)
+            if kept is None:
+                return None
+            rows, pooled = kept  # a written-back sentence: its stored pooled vector, or a pool of its rows
+            if pooled is not None and self.pool is not None and self.pool.method == method:
+                return pooled
+            return pool_of_sentence(self.sentence_from_rows(rows), self._layered, method)
         if self._pooled is not None and self._pooled.pool.method == method:
             return self._pooled.row(i)
         if self.pool_only:

@@ -118,6 +118,10 @@ def test_written_back_hit_equals_a_fresh_build(tmp_path, encoder, case):
         assert decode(second[k]).tobytes() == want.tobytes()  # a hit on it: the fresh build's vector
         assert decode(first[k]).tobytes() == want.tobytes()  # and so was the live answer
         assert reopened.get(line).tobytes() == want.tobytes()  # the library's lookups consult the journal
+        if fresh_pooled is not None:
+            assert reopened.sentence_vector(line).tobytes() == fresh_pooled.tobytes()
+        if fresh.pool is None or fresh.pool.method != "mean":  # a pool computed from the rows, as for a hit
+            assert reopened.sentence_vector(line, pool="mean").tobytes() == fresh.sentence_vector(0, "mean").tobytes()
         assert reopened.find(line) is None  # it has no sentence number
     reopened.close()
 
