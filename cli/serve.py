@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
     from elmo_cache.reader.cache import Cache
     from elmo_cache.server.settings import Settings
+    from elmo_cache.server.writeback import WriteBack
 
 __all__ = ["serve_command", "run_server"]
 
@@ -130,6 +131,25 @@ def _server_modules() -> tuple[Any, tuple[Any, Any]]:
     help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones get 503 meanwhile) before the "
     "server exits. [default: 10]",
 )
+@click.option(
+    "--write-back/--no-write-back",
+    default=None,
+    help="Keep the live encodings of misses in CACHE's journal (CACHE.writeback, beside it) and answer them as hits "
+    "from then on; each miss is encoded alone, as a build stores it. Needs the model that built CACHE. "
+    "[default: off]",
+)
+@click.option(
+    "--write-back-max-bytes",
+    type=int,
+    help="Largest size of the write-back journal; when full, misses are still answered but no longer kept "
+    "(counted in /metrics). [default: 1073741824]",
+)
+@click.option(
+    "--write-back-commit-ms",
+    type=float,
+    help="The journal is written and fsynced once the oldest kept miss is this old: a kill -9 or a power cut "
+    "loses at most the misses answered in the last N ms (plus the time the commits take). [default: 50]",
+)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @click.option("--access-log/--no-access-log", default=None, help="Log one line per request. [default: on]")
 def serve_command(cache: Path | None, **flags: Any) -> None:
@@ -151,6 +171,11 @@ def serve_command(cache: Path | None, **flags: Any) -> None:
     settings.check_something_to_serve()
     _, (_, load_resources) = _server_modules()
     encoder, store = load_resources(settings)
+    writeback = None
+    if settings.write_back:
+        from elmo_cache.server.writeback import WriteBack
+
+        writeback = WriteBack(store, encoder, settings)  # a journal of another cache, or locked: refused here
     what = " and ".join(
         part
         for part in (
@@ -159,11 +184,23 @@ def serve_command(cache: Path | None, **flags: Any) -> None:
         )
         if part
     ) + ("" if encoder is not None else " only (no live encodings)")
+    if writeback is not None:
+        what += f", keeping misses in {writeback.journal.path} ({len(writeback.journal)} sentences)"
     click.echo(f"elmo-cache: serving {what} on http://{settings.host}:{settings.port}", err=True)
-    run_server(settings, encoder=encoder, cache=store)
+    try:
+        run_server(settings, encoder=encoder, cache=store, writeback=writeback)
+    finally:
+        if writeback is not None:
+            writeback.close()
 
 
-def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cache | None = None) -> None:
+def run_server(
+    settings: Settings,
+    *,
+    encoder: Encoder | None = None,
+    cache: Cache | None = None,
+    writeback: WriteBack | None = None,
+) -> None:
     """Serve with uvicorn until SIGTERM/SIGINT, then drain for ``graceful_timeout_s`` and return.
 
     While draining (elmo_cache.server.shutdown) the listener stays open, new requests get 503
@@ -175,7 +212,7 @@ def run_server(settings: Settings, *, encoder: Encoder | None = None, cache: Cac
     uvicorn, (create_app, _) = _server_modules()
     from elmo_cache.server.shutdown import DrainingServer
 
-    app = create_app(settings, encoder=encoder, cache=cache)
+    app = create_app(settings, encoder=encoder, cache=cache, writeback=writeback)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -39,6 +39,7 @@ from elmo_cache.server.routers import docs, embed, embeddings, health, info, met
 from elmo_cache.server.service import EmbedService
 from elmo_cache.server.settings import NOTHING_TO_SERVE, Settings, load_settings
 from elmo_cache.server.workers import ReadPool
+from elmo_cache.server.writeback import WriteBack, check_write_back
 from elmo_cache.version import __version__
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ def load_resources(
         import elmo_cache
 
         cache = elmo_cache.open(settings.cache_path)
+    why_no_model: str | None = None
     if encoder is None and (settings.has_model or cache is not None):
         from elmo_cache.encoder.encoder import Encoder
         from elmo_cache.threads import apply_threads
@@ -124,28 +126,43 @@ def load_resources(
                     # cache is still worth serving; the user asked for no model in particular.
                     why = f"{exc} (or pass --precision to serve live answers that differ from the cached ones)"
             if encoder is None:
+                why_no_model = why
                 _log.warning("serving %s from the cache only, no live encodings: %s", settings.cache_path, why)
     if cache is None and encoder is None:
         raise InvalidParameterError(NOTHING_TO_SERVE)
     if cache is not None and encoder is not None:
         check_compatible(cache, encoder)
+    if settings.write_back:
+        check_write_back(cache, encoder, why_no_model)
     return encoder, cache
 
 
 def create_app(
-    settings: Settings | None = None, *, encoder: Encoder | None = None, cache: Cache | None = None
+    settings: Settings | None = None,
+    *,
+    encoder: Encoder | None = None,
+    cache: Cache | None = None,
+    writeback: WriteBack | None = None,
 ) -> FastAPI:
-    """Build the app. ``encoder`` / ``cache`` may be passed already built; the rest loads in the lifespan."""
+    """Build the app. ``encoder`` / ``cache`` (and with ``write_back`` the :class:`WriteBack` of that cache) may
+    be passed already built; the rest loads in the lifespan."""
     settings = settings if settings is not None else load_settings()
     app_metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded_encoder, loaded_cache = await asyncio.to_thread(load_resources, settings, encoder=encoder, cache=cache)
+        kept = writeback
+        if settings.write_back and kept is None:
+            assert loaded_cache is not None and loaded_encoder is not None  # load_resources checked
+            kept = await asyncio.to_thread(WriteBack, loaded_cache, loaded_encoder, settings)
+        if kept is not None:
+            kept.attach(app_metrics)
         batcher = None
         if loaded_encoder is not None:
             batcher = LiveBatcher(
-                loaded_encoder.embed_batch,
+                # With write-back every miss is encoded alone, as a build encodes it (elmo_cache.server.writeback).
+                loaded_encoder.embed_batch if kept is None else kept.encode,
                 metrics=app_metrics,
                 batch_tokens=settings.batch_tokens,
                 max_wait_s=settings.max_wait_ms / 1000,
@@ -155,7 +172,13 @@ def create_app(
             await batcher.start()
         pool = app.state.read_pool = ReadPool(settings.read_threads)
         app.state.service = EmbedService(
-            settings, app_metrics, cache=loaded_cache, encoder=loaded_encoder, batcher=batcher, pool=pool
+            settings,
+            app_metrics,
+            cache=loaded_cache,
+            encoder=loaded_encoder,
+            batcher=batcher,
+            pool=pool,
+            writeback=kept,
         )
         try:
             yield
@@ -164,6 +187,8 @@ def create_app(
             pool.close()
             if batcher is not None:
                 await batcher.close()
+            if kept is not None and writeback is None:
+                await asyncio.to_thread(kept.close)  # commits what is queued
             # Close only what this lifespan opened; injected objects belong to the caller. Never under
             # a read still stuck in a pool thread: unmapping its memory would crash the process.
             stuck = pool.busy

@@ -73,6 +73,44 @@ class Metrics:
             registry=r,
         )
 
+        self.cache_reopened = Counter(
+            "elmo_cache_cache_reopened",
+            "Times the cache was reopened because a new generation was published at its path (build --update)",
+            registry=r,
+        )
+        self.writeback_hits = Counter(
+            "elmo_cache_writeback_hits",
+            "Sentences answered from the write-back journal (counted in cache_hits too)",
+            registry=r,
+        )
+        self.writeback_written = Counter(
+            "elmo_cache_writeback_written",
+            "Sentences written back: encoded live, then written and fsynced to the journal",
+            registry=r,
+        )
+        self.writeback_failures = Counter(
+            "elmo_cache_writeback_failures",
+            "Sentences whose write-back failed (a disk error, e.g. full): answered, not kept",
+            registry=r,
+        )
+        self.writeback_full = Counter(
+            "elmo_cache_writeback_full",
+            "Sentences not written back because the journal reached write_back_max_bytes: answered, not kept",
+            registry=r,
+        )
+        self.writeback_shared = Counter(
+            "elmo_cache_writeback_shared",
+            "Misses answered by another request's encoding of the same sentence, already in flight",
+            registry=r,
+        )
+        self.writeback_bytes = Gauge("elmo_cache_writeback_bytes", "Size of the write-back journal", registry=r)
+        self.writeback_commit_seconds = Histogram(
+            "elmo_cache_writeback_commit_seconds",
+            "Time of one write-back commit (write and fsync)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "pooled_vector_shape",
     "pooled_cached",
+    "pooled_written_back",
     "pooled_live",
     "pooled_empty",
     "pool_only_refusal",
@@ -50,6 +51,23 @@ def pooled_cached(
         assert row is not None
         return selection.extract(stored, row, dtype)
     tokens = selection.extract(stored, cache[index], np.float32)
+    return _pool(tokens, selection, method).astype(dtype, copy=False)
+
+
+def pooled_written_back(
+    cache: Cache,
+    vectors: np.ndarray,
+    pooled: np.ndarray | None,
+    selection: Selection,
+    stored: Selection,
+    method: str,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """A written-back sentence (its ``vectors`` as ``cache[i]`` gives them, and the ``pooled`` vector stored with
+    them) pooled by ``method``, as :func:`pooled_cached` pools a cached one."""
+    if pooled is not None and stored_pool_answers(cache, selection, stored, method):
+        return selection.extract(stored, pooled, dtype)
+    tokens = selection.extract(stored, vectors, np.float32)
     return _pool(tokens, selection, method).astype(dtype, copy=False)
 
 

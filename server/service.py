@@ -17,6 +17,10 @@ always have the same shape and dtype:
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheFormatError, InvalidParameterError, LimitExceededError, NotInCacheError
+from elmo_cache.errors import (
+    CacheFormatError,
+    CacheReplacedError,
+    ElmoCacheError,
+    InvalidParameterError,
+    LimitExceededError,
+    NotInCacheError,
+    NotReadyError,
+)
 from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
@@ -33,17 +45,35 @@ from elmo_cache.server.pooled import (
     pooled_cached,
     pooled_empty,
     pooled_live,
+    pooled_written_back,
     stored_pool_answers,
 )
 from elmo_cache.server.settings import Settings
 from elmo_cache.server.workers import ReadPool
+from elmo_cache.server.writeback import key_of
+from elmo_cache.store.journal import encoding_identity
 from elmo_cache.text.tokenize import PTB, WHITESPACE, sentence_key, tokenizer_for
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
     from elmo_cache.reader.cache import Cache
+    from elmo_cache.server.writeback import WriteBack
 
-__all__ = ["Embedding", "EmbedService", "Timings"]
+__all__ = ["Embedding", "EmbedService", "Timings", "REOPEN_CHECK_S"]
+
+_log = logging.getLogger("elmo_cache.server")
+
+REOPEN_CHECK_S = 1.0
+"""How often (seconds, at most) a lookup checks whether a new generation of the cache was published at its path."""
+
+
+def _generation(path: Any) -> tuple[int, int] | None:
+    """Which file or folder ``path`` names now (device, inode), or None when nothing is there (mid-publish)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 @dataclass
@@ -104,14 +134,25 @@ class EmbedService:
         encoder: Encoder | None = None,
         batcher: LiveBatcher | None = None,
         pool: ReadPool | None = None,
+        writeback: WriteBack | None = None,
     ) -> None:
         if cache is None and encoder is None:
             raise InvalidParameterError("the server needs a cache, a model, or both")
         self.settings = settings
         self.metrics = metrics
         self.cache = cache
+        # Where the cache lives and which file or folder it was (device, inode): a build --update publishes a new
+        # generation there, which _current_cache opens.
+        self._cache_path = settings.cache_path if settings.cache_path is not None else getattr(cache, "path", None)
+        self._generation = None if cache is None or self._cache_path is None else _generation(self._cache_path)
+        self._checked_at = time.monotonic()
+        self._reopen_lock = threading.Lock()
+        self._refused: tuple[int, int] | None = None
         self.encoder = encoder
         self.batcher = batcher
+        # serve --write-back: misses kept in the cache's journal, and the encodings in flight by sentence key.
+        self.writeback = writeback
+        self._in_flight: dict[bytes, asyncio.Future] = {}
         # Cache reads run here, never in the event loop: a page may sit on a slow or dead disk.
         self.pool = pool if pool is not None else ReadPool(settings.read_threads)
         self.kind = getattr(cache, "kind", None)
@@ -188,15 +229,17 @@ class EmbedService:
     async def embed(
         self, token_lists: list[list[str]], selection: Selection, timings: Timings, pool: str | None = None
     ) -> list[Embedding]:
-        """Answer every sentence, from the cache when possible, else live (404 when neither can); with ``pool``
-        one pooled vector per sentence (elmo_cache.server.pooled)."""
+        """Answer every sentence, from the cache when possible (then its write-back journal, with
+        ``--write-back``), else live (404 when neither can); with ``pool`` one pooled vector per sentence
+        (elmo_cache.server.pooled)."""
         answers: list[np.ndarray | None] = [None] * len(token_lists)
         if self.cache is not None:
             t0 = time.perf_counter()
             if self._cache_can_serve(selection) and not self._pool_only_miss(selection, pool):
-                answers = await self.pool.run(
+                answers, kept = await self.pool.run(
                     self.timeout_s, "reading the cache", self._lookup, token_lists, selection, pool
                 )
+                self.metrics.writeback_hits.inc(kept)
             timings.add("cache", time.perf_counter() - t0)
             hits = sum(answer is not None for answer in answers)
             self.metrics.cache_hits.inc(hits)
@@ -216,7 +259,10 @@ class EmbedService:
             for i in missing:
                 if not token_lists[i]:  # nothing to encode: an empty sentence has no vectors
                     answers[i] = self._empty(selection, pool)
-            if todo:
+            if todo and self.writeback is not None:
+                for i, once in zip(todo, await self._live_once(token_lists, todo, selection, timings, pool)):
+                    answers[i] = once
+            elif todo:
                 encoded, job = await self.batcher.submit(
                     [token_lists[i] for i in todo],
                     lambda arrays: [self.finish_live(a, selection, pool) for a in arrays],
@@ -230,6 +276,73 @@ class EmbedService:
             assert vectors is not None  # every sentence was answered above: cached, live or empty
             done.append(vectors)
         return [Embedding(t, vectors, source, pool) for t, vectors, source in zip(token_lists, done, sources)]
+
+    async def _live_once(
+        self, token_lists: list[list[str]], todo: list[int], selection: Selection, timings: Timings, pool: str | None
+    ) -> list[np.ndarray]:
+        """The live answers of sentences ``todo`` with write-back: each distinct sentence is encoded once however
+        many requests ask for it at the same time (a single flight: later askers await the first one's encoding),
+        and kept in the journal by the encoder (elmo_cache.server.writeback)."""
+        assert self.batcher is not None and self.writeback is not None
+        writeback = self.writeback
+        keys = [key_of(token_lists[i]) for i in todo]
+        tokens_of = {key: token_lists[i] for i, key in zip(todo, keys)}
+        # Written back between this request's lookup and now (another request's encoding just finished).
+        late = {
+            key: tokens for key, tokens in tokens_of.items() if key not in self._in_flight and key in writeback.journal
+        }
+        found: dict[bytes, Any] = {}
+        if late:
+
+            def read_late() -> dict[bytes, Any]:
+                return {key: writeback.lookup(tokens) for key, tokens in late.items()}
+
+            found = {
+                k: v for k, v in (await self.pool.run(self.timeout_s, "reading the cache", read_late)).items() if v
+            }
+        loop = asyncio.get_running_loop()
+        mine: dict[bytes, asyncio.Future] = {}
+        theirs: dict[bytes, asyncio.Future] = {}
+        for key in tokens_of:
+            if key in found:
+                continue
+            flight = self._in_flight.get(key)
+            if flight is not None:
+                theirs[key] = flight
+                self.metrics.writeback_shared.inc()
+            else:
+                flight = loop.create_future()
+                # Nobody may be left to read a failure: mark it read so asyncio does not log it.
+                flight.add_done_callback(lambda f: f.cancelled() or f.exception())
+                self._in_flight[key] = flight
+                mine[key] = flight
+        outputs: dict[bytes, np.ndarray] = {}
+        if mine:
+            try:
+                encoded, job = await self.batcher.submit([tokens_of[key] for key in mine], lambda a: a)
+                timings.add("queue", job.waited)
+                timings.add("encode", job.encoded)
+                for (key, flight), acts in zip(mine.items(), encoded):
+                    flight.set_result(acts)
+                    outputs[key] = acts
+            except BaseException as exc:
+                failure = exc if isinstance(exc, Exception) else NotReadyError("the request was cancelled")
+                for flight in mine.values():
+                    if not flight.done():
+                        flight.set_exception(failure)
+                raise
+            finally:
+                for key in mine:
+                    self._in_flight.pop(key, None)
+        for key, flight in theirs.items():
+            outputs[key] = await asyncio.shield(flight)
+
+        def finish() -> list[np.ndarray]:
+            answers = {key: self._kept_answer(item, selection, pool) for key, item in found.items()}
+            answers.update((key, self.finish_live(acts, selection, pool)) for key, acts in outputs.items())
+            return [answers[key] for key in keys]
+
+        return await self.pool.run(self.timeout_s, "finishing live answers", finish)
 
     def _not_found(self, token_lists: list[list[str]], missing: list[int]) -> NotInCacheError:
         if len(token_lists) == 1:
@@ -256,15 +369,83 @@ class EmbedService:
 
     def _lookup(
         self, token_lists: list[list[str]], selection: Selection, pool: str | None = None
-    ) -> list[np.ndarray | None]:
-        """Runs in a worker thread: reading the store may touch the disk."""
+    ) -> tuple[list[np.ndarray | None], int]:
+        """Runs in a worker thread: reading the store may touch the disk. The answers (None: a miss), and how many
+        came from the write-back journal. A cache replaced at its path since it was opened (``build --update``)
+        is reopened first, or when a read finds it replaced (:class:`CacheReplacedError`), and the lookup redone."""
+        try:
+            return self._lookup_in(self._current_cache(), token_lists, selection, pool)
+        except CacheReplacedError:
+            cache = self._current_cache(replaced=True)
+            return self._lookup_in(cache, token_lists, selection, pool)
+
+    def _current_cache(self, *, replaced: bool = False) -> Cache:
+        """The cache to read: the one at the served path, reopened when another generation was published there
+        (checked at most every REOPEN_CHECK_S, and whenever a read found its cache replaced). A new generation of
+        other options or another model is not taken: it would not answer as this server's settings say."""
         cache = self.cache
         assert cache is not None
+        now = time.monotonic()
+        if self._cache_path is None or (not replaced and now - self._checked_at < REOPEN_CHECK_S):
+            return cache
+        self._checked_at = now
+        generation = _generation(self._cache_path)
+        if generation is None or (generation in (self._generation, self._refused) and not replaced):
+            return cache  # unchanged, or a cache of other options already refused (logged once)
+        with self._reopen_lock:
+            if self.cache is not cache and self.cache is not None:  # another thread reopened it meanwhile
+                return self.cache
+            import elmo_cache
+
+            try:
+                fresh = elmo_cache.open(self._cache_path)
+            except ElmoCacheError as exc:  # caught mid-publish, or a broken new cache: keep the old one
+                _log.warning(
+                    "the cache at %s changed but cannot be opened now (%s); still serving the old one",
+                    self._cache_path,
+                    exc,
+                )
+                if replaced:
+                    raise
+                return cache
+            if encoding_identity(fresh.metadata) != encoding_identity(cache.metadata):
+                if generation != self._refused:
+                    self._refused = generation
+                    _log.error(
+                        "the cache at %s was replaced by one of other options or another model; this server keeps "
+                        "answering from the one it opened (what it can still read): restart it to serve the new one",
+                        self._cache_path,
+                    )
+                fresh.close()
+                if replaced:
+                    raise CacheReplacedError(
+                        f"{self._cache_path}: the cache was replaced by one of other options; restart the server"
+                    )
+                return cache
+            self.cache, self._generation = fresh, generation
+            self.metrics.cache_reopened.inc()
+            _log.info(
+                "the cache at %s was replaced (build --update?): serving the new one, %d sentences",
+                self._cache_path,
+                len(fresh),
+            )
+            # The old one is left to the garbage collector: reads in other threads may still hold it.
+            return fresh
+
+    def _lookup_in(
+        self, cache: Cache, token_lists: list[list[str]], selection: Selection, pool: str | None
+    ) -> tuple[list[np.ndarray | None], int]:
         out: list[np.ndarray | None] = []
+        kept = 0
         for tokens in token_lists:
             index = cache.find(tokens)
             if index is None:
-                out.append(None)
+                found = self.writeback.lookup(tokens) if self.writeback is not None and tokens else None
+                if found is None:
+                    out.append(None)
+                    continue
+                kept += 1
+                out.append(self._kept_answer(found, selection, pool))
             elif pool is not None:
                 assert self.stored is not None
                 pooled = pooled_cached(cache, index, selection, self.stored, pool, self.dtype)
@@ -274,7 +455,22 @@ class EmbedService:
                 out.append(pooled)
             else:
                 out.append(self.finish_cached(cache[index], selection))
-        return out
+        return out, kept
+
+    def _kept_answer(
+        self, found: tuple[np.ndarray, np.ndarray | None], selection: Selection, pool: str | None
+    ) -> np.ndarray:
+        """A written-back sentence (its vectors as ``cache[i]`` gives them, and its stored pooled vector) in the asked
+        form, checked as a cached one is."""
+        vectors, pooled = found
+        if pool is None:
+            return self.finish_cached(vectors, selection)
+        assert self.cache is not None and self.stored is not None
+        answer = pooled_written_back(self.cache, vectors, pooled, selection, self.stored, pool, self.dtype)
+        if not np.isfinite(answer).all():
+            self.finish_cached(vectors, selection)  # names a mix or gamma that overflows, or damage
+            raise CacheFormatError("the write-back journal holds non-finite values in a pooled vector")
+        return answer
 
     @property
     def timeout_s(self) -> float | None:
@@ -354,6 +550,7 @@ class EmbedService:
             "default_output": self.default_selection.describe(),
             "dtype": self.dtype.name,
             "dim": self.dim,
+            "write_back": None if self.writeback is None else self.writeback.info(),
             "available_layers": list(ALL_LAYERS)
             if self.encoder is not None
             else list((self.stored.layers if self.stored is not None else None) or ()),

@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.store.journal import DEFAULT_COMMIT_MS, DEFAULT_MAX_BYTES
 
 __all__ = ["Settings", "load_settings", "NOTHING_TO_SERVE"]
 
@@ -93,6 +94,16 @@ class Settings(BaseSettings):
     open_docs: bool = Field(False, description="serve /docs, /redoc and /openapi.json without the API key")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     access_log: bool = Field(True, description="log one line per request")
+    # Keep the live encodings of misses in the cache's journal (<cache>.writeback; elmo_cache.server.writeback).
+    write_back: bool = Field(False, description="keep live encodings of misses beside the cache (needs its model)")
+    # The journal never grows past this; when full, misses are still served but no longer kept.
+    write_back_max_bytes: int = Field(
+        DEFAULT_MAX_BYTES, ge=4096, description="largest size of the write-back journal in bytes"
+    )
+    # The writer thread writes and fsyncs queued misses once the oldest is this old: what a kill -9 may lose.
+    write_back_commit_ms: float = Field(
+        DEFAULT_COMMIT_MS, ge=0, le=60_000, description="longest wait before a kept miss is written and fsynced (ms)"
+    )
 
     @field_validator("openai_mix")
     @classmethod

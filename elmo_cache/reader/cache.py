@@ -72,6 +72,9 @@ class Cache:
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
         self.path = Path(path)
         self._allow_incomplete = allow_incomplete
+        # The write-back journal beside the cache, opened by the first lookup that misses (written_back).
+        self._journal: Any = None
+        self._journal_checked = False
         self.format, raw, arrays, sums = store.open_cache_arrays(self.path)
         meta = parse_metadata(self.path, raw, quantization_problem)
         self._metadata = meta
@@ -400,14 +403,56 @@ class Cache:
     def get(self, sentence: str | Sequence[str], default: Any = None) -> np.ndarray | None:
         """The vectors of ``sentence`` (text or token list), or ``default`` (None) when it is not cached.
 
-        Like ``dict.get``: absence is not an error. Use :meth:`find` for the sentence number.
+        Like ``dict.get``: absence is not an error. Use :meth:`find` for the sentence number. A sentence
+        missing from the cache is looked up in its write-back journal (``<cache>.writeback``, kept by
+        ``serve --write-back``; :meth:`written_back`).
         """
         row = self.find(sentence)
-        return default if row is None else self._sentence(row)
+        if row is not None:
+            return self._sentence(row)
+        found = self.written_back(sentence)
+        return default if found is None else found
+
+    def written_back(self, sentence: str | Sequence[str]) -> np.ndarray | None:
+        """The vectors of ``sentence`` from the cache's write-back journal (sentences ``serve --write-back``
+        encoded live, stored as a build of them stores them), as :meth:`get` gives a cached one, or None.
+
+        The journal is opened on the first call (a journal written for another model or other options is
+        ignored, with a warning) and re-read when it has grown; its sentences have no number."""
+        self._require()
+        found = self._written_back_record(sentence)
+        return None if found is None else self.sentence_from_rows(found[0])
+
+    def _written_back_record(self, sentence: str | Sequence[str]) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The stored rows and pooled vector (None without) of ``sentence`` in the write-back journal, or None."""
+        tokens = self._split(sentence) if isinstance(sentence, str) else list(sentence)
+        if not tokens or not is_storable(tokens):
+            return None
+        journal = self._journal
+        if journal is None:
+            if self._journal_checked:
+                return None
+            from elmo_cache.reader.writeback import read_journal
+
+            self._journal_checked = True
+            journal = self._journal = read_journal(self)
+            if journal is None:
+                return None
+        key = sentence_key(tokens).encode(*TEXT_ENCODING)
+        if key not in journal:
+            journal.refresh()
+        found: tuple[np.ndarray, np.ndarray | None] | None = journal.get(key)
+        return found
+
+    def sentence_from_rows(self, rows: np.ndarray) -> np.ndarray:
+        """One sentence's stored rows ``(n_tokens, *stored row)`` as ``cache[i]`` returns a sentence: decoded
+        (a quantised cache's codes as float32), ``(n_layers, n_tokens, dim)`` for a layered cache."""
+        block = self.codec.decoder(lambda start, stop: rows[start:stop])(0, rows.shape[0])
+        return block.transpose(1, 0, 2) if self._layered else block
 
     def sentence_vector(self, sentence: Any, pool: str | None = None) -> np.ndarray | None:
         """One vector for a whole sentence: by number (negative counts from the end), or by text or token
-        list (None when it is not cached, as :meth:`get`).
+        list (None when it is not cached, as :meth:`get`, which also looks in the write-back journal).
 
         ``pool`` is ``"mean"``, ``"max"`` or ``"first-last"`` (docs/FORMAT.md, "Pooled sentence vectors"); None:
         the cache's own (``build --pool``). The cache's own pool is read from its ``pooled`` array (its
@@ -425,7 +470,13 @@ class Cache:
         else:
             raise TypeError(f"sentence: expected a number, a text or a token list, got {type(sentence).__name__}")
         if i is None:
-            return None
+            kept = None if isinstance(sentence, (int, np.integer)) else self._written_back_record(sentence)
+            if kept is None:
+                return None
+            rows, pooled = kept  # a written-back sentence: its stored pooled vector, or a pool of its rows
+            if pooled is not None and self.pool is not None and self.pool.method == method:
+                return pooled
+            return pool_of_sentence(self.sentence_from_rows(rows), self._layered, method)
         if self._pooled is not None and self._pooled.pool.method == method:
             return self._pooled.row(i)
         if self.pool_only:
@@ -445,6 +496,9 @@ class Cache:
         self._offset_at = self._length_at = self._read_rows = self._read_stored = None
         self._token_bytes = self._token_offsets = self._token_at = self._read_text = None
         self._lengths_array = self._pooled = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
         self._guards, self._vector_guard, self._vector_ok, self._pair_guards, self._pair_ok = {}, None, None, None, None
 
     @property

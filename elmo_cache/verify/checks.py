@@ -136,9 +136,36 @@ def verify(
                 )
         if sample and tokens and not report.problems:
             check_sample(meta, arrays, tokens, report, encoder, model, options_file, weight_file, device, progress)
+        _check_journal(path, meta, report)
         return report
     finally:
         close()
+
+
+def _check_journal(path: Path, meta: dict[str, Any], report: VerifyReport) -> None:
+    """The write-back journal beside the cache (``serve --write-back``), when there is one: its header is this
+    cache's kind and every record passes its CRC-32C (records past the first that does not are a torn tail)."""
+    from elmo_cache.reader.writeback import layout_of_metadata
+    from elmo_cache.store.journal import Journal, encoding_identity, journal_path
+
+    where = journal_path(path)
+    if not where.is_file():
+        return
+    try:
+        journal = Journal(where, encoding_identity(meta), layout_of_metadata(meta))
+    except (CacheFormatError, InvalidParameterError) as exc:
+        report.problems.append(str(exc))
+        return
+    with journal:
+        report.checks.append(
+            f"write-back journal {where.name}: {len(journal):,} sentences, {journal.size:,} bytes, every record's "
+            "CRC-32C"
+        )
+        if journal.dropped_tail:
+            report.notes.append(
+                f"{where.name} ends with {journal.dropped_tail:,} bytes that are not whole records (a torn tail left "
+                "by a kill, or damage): the next `serve --write-back` drops them"
+            )
 
 
 def _check_checksums(fmt: str, path: Path, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:

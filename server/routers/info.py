@@ -25,6 +25,10 @@ class Info(BaseModel):
     dtype: str = Field(description="dtype of every answer")
     dim: int = Field(description="vector width")
     limits: dict[str, Any] = Field(description="request limits and live batching settings")
+    write_back: dict[str, Any] | None = Field(
+        None,
+        description="with --write-back: the journal's path, sentences, bytes, max_bytes and commit_ms; else null",
+    )
     auth: bool = Field(description="whether routes other than /health need `Authorization: Bearer <key>`")
 
 
