@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError, InvalidParameterError, LimitExceededError, NotInCacheError
-from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, Selection
+from elmo_cache.model.identity import identity_layers
+from elmo_cache.rows.selection import MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.pooled import (
@@ -130,8 +131,14 @@ class EmbedService:
             assert encoder is not None
             self.dtype = np.dtype(np.float32)
             self.dim = int(encoder.output_dim)
+        # How many layers the model gives (ELMo's 3, a Transformer's L + 1): what layers and mix are checked against.
+        self.n_layers = (
+            int(encoder.n_layers)
+            if encoder is not None
+            else identity_layers((cache.metadata if cache is not None else {}).get("model"))
+        )
         # Without layers and mix a request gets what the cache stores (all layers without a cache).
-        self.default_selection = self.stored or Selection()
+        self.default_selection = self.stored or Selection(layers=tuple(range(self.n_layers)))
 
     # -- request parsing ---------------------------------------------------------------------
 
@@ -143,7 +150,7 @@ class EmbedService:
         softmax: bool,
     ) -> Selection:
         """What a request asks for; InvalidParameterError when this server cannot give it."""
-        selection = Selection.parse(layers, mix, gamma, softmax)
+        selection = Selection.parse(layers, mix, gamma, softmax, n_layers=self.n_layers)
         if selection is None:
             return self.default_selection
         if self.encoder is None and self.stored is not None and not selection.answerable_from(self.stored):
@@ -354,7 +361,7 @@ class EmbedService:
             "default_output": self.default_selection.describe(),
             "dtype": self.dtype.name,
             "dim": self.dim,
-            "available_layers": list(ALL_LAYERS)
+            "available_layers": list(range(self.n_layers))
             if self.encoder is not None
             else list((self.stored.layers if self.stored is not None else None) or ()),
         }

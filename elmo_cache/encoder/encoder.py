@@ -160,11 +160,19 @@ class Encoder:
         ``word_cache_size``: how many distinct words keep their char-CNN vector (exact reuse).
         ``fuse_cell``: compile the LSTM cell update into one kernel (None: for models with
         at least 1024 LSTM cells, unless ``ATEN_CPU_CAPABILITY`` caps torch's CPU kernels).
+
+        ``"hf:NAME"`` (a Transformer encoder's directory or hub name, :mod:`elmo_cache.model.transformer`)
+        gives a :class:`~elmo_cache.encoder.transformer.TransformerEncoder`: the same interface, ``L + 1`` layers.
         """
         if initial_state not in INITIAL_STATES:
             raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
         files = sources.resolve(model, options_file, weight_file)
         resolved = resolve_device(device)
+        if files.format == formats.TRANSFORMERS:
+            # A Transformer encoder behind the same interface (elmo_cache.encoder.transformer): imports transformers.
+            from elmo_cache.encoder.transformer import TransformerEncoder
+
+            return TransformerEncoder.from_files(files, device=resolved, precision=precision, initial_state=initial_state)
         dtype = check_precision(precision, resolved)
         loaded = formats.load(files)
         bilm = BiLM(loaded.options, loaded.weights, compute_dtype=dtype)
