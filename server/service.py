@@ -132,11 +132,10 @@ class EmbedService:
             self.dtype = np.dtype(np.float32)
             self.dim = int(encoder.output_dim)
         # How many layers the model gives (ELMo's 3, a Transformer's L + 1): what layers and mix are checked against.
-        self.n_layers = (
-            int(encoder.n_layers)
-            if encoder is not None
-            else identity_layers((cache.metadata if cache is not None else {}).get("model"))
+        built_with = (
+            encoder.identity if encoder is not None else (cache.metadata if cache is not None else {}).get("model")
         )
+        self.n_layers = identity_layers(built_with)
         # Without layers and mix a request gets what the cache stores (all layers without a cache).
         self.default_selection = self.stored or Selection(layers=tuple(range(self.n_layers)))
 

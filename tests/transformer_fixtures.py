@@ -37,7 +37,12 @@ def _wordpiece() -> Any:
     )
     t.decoder = decoders.WordPiece()
     return PreTrainedTokenizerFast(
-        tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"
+        tokenizer_object=t,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
     )
 
 
@@ -82,7 +87,14 @@ def _unigram(cls: str, sep: str, pad: str, unk: str, mask: str) -> Any:
     )
     t.decoder = decoders.Metaspace()
     return PreTrainedTokenizerFast(
-        tokenizer_object=t, unk_token=unk, pad_token=pad, cls_token=cls, sep_token=sep, mask_token=mask, bos_token=cls, eos_token=sep
+        tokenizer_object=t,
+        unk_token=unk,
+        pad_token=pad,
+        cls_token=cls,
+        sep_token=sep,
+        mask_token=mask,
+        bos_token=cls,
+        eos_token=sep,
     )
 
 
@@ -99,7 +111,12 @@ def write_tiny_transformers(root: Path) -> dict[str, Path]:
         elif family == "roberta":
             tokenizer = _byte_bpe()
             config = RobertaConfig(
-                vocab_size=len(tokenizer), max_position_embeddings=18, pad_token_id=1, bos_token_id=0, eos_token_id=2, **_SMALL
+                vocab_size=len(tokenizer),
+                max_position_embeddings=18,
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+                **_SMALL,
             )
         elif family == "xlmr":
             tokenizer = _unigram("<s>", "</s>", "<pad>", "<unk>", "<mask>")

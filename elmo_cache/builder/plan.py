@@ -22,9 +22,9 @@ from elmo_cache.encoder.names import check_device_name, check_precision_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.hub import BUNDLED
 from elmo_cache.model.identity import comparable_model, model_differences
+from elmo_cache.model.transformer import layer_count
 from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
-from elmo_cache.model.transformer import layer_count
 from elmo_cache.rows.selection import MixSpec, Selection, check_distinct_layers
 from elmo_cache.store import Layout, Progress, infer_format
 from elmo_cache.store.format import (

@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from elmo_cache.encoder.encoder import Encoder, _validate_sentences
+from elmo_cache.encoder.encoder import Encoder, validate_sentences
 from elmo_cache.encoder.hardware import check_precision
-from elmo_cache.model.subwords import load_tokenizer, special_tokens, split_sentences
 from elmo_cache.encoder.transfer import to_device
 from elmo_cache.encoder.windows import plan_windows
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import transformer
 from elmo_cache.model.files import ModelFiles
+from elmo_cache.model.subwords import load_tokenizer, special_tokens, split_sentences
 
 __all__ = ["TransformerEncoder"]
 
@@ -91,7 +91,7 @@ class TransformerEncoder(Encoder):
 
     # ----------------------------------------------------------------- identity
     @property
-    def weights_sha256(self) -> str | None:  # type: ignore[override]
+    def weights_sha256(self) -> str | None:
         """SHA-256 of the weights files (computed when the model was described)."""
         return self._identity["weights_sha256"]
 
@@ -121,7 +121,7 @@ class TransformerEncoder(Encoder):
     def encode_flat(self, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, np.ndarray]:
         """One batch: ``(L + 1, total_tokens, dim)`` float32 on the device, sentences in input order, and
         each sentence's token offset (``len(sentences) + 1`` entries)."""
-        _validate_sentences(sentences)
+        validate_sentences(sentences)
         n_tokens = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
         offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
         np.cumsum(n_tokens, out=offsets[1:])

@@ -31,7 +31,9 @@ class SentenceWindows:
     chosen: tuple[int, ...]
 
 
-def plan_windows(spans: Sequence[tuple[int, int]], window: int, stride: int, *, tokens: Sequence[str] = ()) -> SentenceWindows:
+def plan_windows(
+    spans: Sequence[tuple[int, int]], window: int, stride: int, *, tokens: Sequence[str] = ()
+) -> SentenceWindows:
     """The windows of a sentence whose tokens span ``spans`` (contiguous subword ranges, in order).
 
     ``tokens`` (the sentence's words) only name a token too long for any window in the error.

@@ -49,7 +49,9 @@ def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
     return ids[: inside[0]], ids[inside[-1] + 1 :]
 
 
-def split_sentences(tokenizer: Any, sentences: Sequence[Sequence[str]]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+def split_sentences(
+    tokenizer: Any, sentences: Sequence[Sequence[str]]
+) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """Each sentence's subword ids and each token's subword range ``[start, end)`` in them."""
     result: list[tuple[list[int], list[tuple[int, int]]]] = [([], []) for _ in sentences]
     nonempty = [i for i, sentence in enumerate(sentences) if len(sentence)]

@@ -98,7 +98,8 @@ def parse_spec(text: str) -> TransformerSpec:
         rest = rest[: match.start()]
     if not rest:
         raise InvalidParameterError(
-            f"model: {text!r} names no model; write {PREFIX}DIRECTORY or {PREFIX}HUB_NAME (e.g. {PREFIX}bert-base-cased)"
+            f"model: {text!r} names no model; write {PREFIX}DIRECTORY or {PREFIX}HUB_NAME "
+            f"(e.g. {PREFIX}bert-base-cased)"
         )
     subword = settings.get("subword", "first")
     if subword not in SUBWORD_CHOICES:
@@ -126,7 +127,9 @@ def _read_config(directory: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ModelNotFoundError(f"{directory}: no config.json; a Transformer model directory is what save_pretrained writes") from None
+        raise ModelNotFoundError(
+            f"{directory}: no config.json; a Transformer model directory is what save_pretrained writes"
+        ) from None
     except (OSError, ValueError) as error:
         raise ModelNotFoundError(f"{path}: not a readable JSON file ({error})") from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
@@ -204,7 +207,9 @@ def tokenizer_geometry(directory: Path, config: Mapping[str, Any], stride: int |
         limit = max_length
     window = limit - len(prefix) - len(suffix)
     if window < 1:
-        raise InvalidParameterError(f"{directory}: the model reads {limit} positions, no room beside its special tokens")
+        raise InvalidParameterError(
+            f"{directory}: the model reads {limit} positions, no room beside its special tokens"
+        )
     chosen = max(1, window // 2) if stride is None else stride
     if chosen > window:
         raise InvalidParameterError(
@@ -307,8 +312,19 @@ def _files(spec: TransformerSpec, directory: Path, name: str) -> ModelFiles:
     )
 
 
+def require_transformers() -> None:
+    """Raise a plain error naming the extra to install where transformers is missing."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ModelNotFoundError(
+            f'a {PREFIX}NAME model needs the transformers library: pip install "elmo-cache[transformers]"'
+        ) from None
+
+
 def resolve_spec(spec: TransformerSpec) -> ModelFiles:
     """The files of ``spec``: its directory, or the hub model downloaded."""
+    require_transformers()
     path = Path(spec.name).expanduser()
     if path.is_dir():
         directory, name = path.resolve(), f"{PREFIX}{path.name}"

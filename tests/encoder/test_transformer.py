@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-from transformers import AutoModel, AutoTokenizer  # noqa: E402
+import torch
+from transformers import AutoModel, AutoTokenizer
 
-from elmo_cache import Encoder  # noqa: E402
-from elmo_cache.errors import InvalidParameterError, ModelNotFoundError  # noqa: E402
-from elmo_cache.model import transformer  # noqa: E402
-from tests.transformer_fixtures import FAMILIES  # noqa: E402
+from elmo_cache import Encoder
+from elmo_cache.errors import InvalidParameterError, ModelNotFoundError
+from elmo_cache.model import transformer
+from tests.transformer_fixtures import FAMILIES
 
 SHORT = [
     ["the", "cat", "sat", "on", "the", "mat", "."],
@@ -25,8 +25,39 @@ SHORT = [
     ["a"],
 ]
 # Far more subwords than the tiny models' 14 or so positions: encoded in several windows.
-LONG = ("the committee met on tuesday to discuss the new budget and officials said the plan would be "
-        "published later this year after a quick brown fox jumps over the lazy dog").split()
+LONG = [
+    "the",
+    "committee",
+    "met",
+    "on",
+    "tuesday",
+    "to",
+    "discuss",
+    "the",
+    "new",
+    "budget",
+    "and",
+    "officials",
+    "said",
+    "the",
+    "plan",
+    "would",
+    "be",
+    "published",
+    "later",
+    "this",
+    "year",
+    "after",
+    "a",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+]
 
 
 def _reference(directory, words, subword, window, stride):
@@ -68,7 +99,11 @@ def _reference(directory, words, subword, window, stride):
         w = -max(scored)[1]
         hidden, word_ids = states[w]
         positions = [p for p, word in enumerate(word_ids) if word == k - windows[w][0]]
-        pick = {"first": hidden[:, positions[0]], "last": hidden[:, positions[-1]], "mean": hidden[:, positions].mean(1)}
+        pick = {
+            "first": hidden[:, positions[0]],
+            "last": hidden[:, positions[-1]],
+            "mean": hidden[:, positions].mean(1),
+        }
         out.append(pick[subword].numpy())
     return np.stack(out, axis=1) if out else np.zeros((hidden.shape[0], 0, hidden.shape[-1]), np.float32)
 
@@ -104,9 +139,7 @@ def test_a_smaller_stride_changes_only_long_sentences(tiny_transformers, family)
     short_b, long_b = strided.embed_batch([SHORT[0], LONG])
     np.testing.assert_array_equal(short_a, short_b)
     assert not np.allclose(long_a, long_b, atol=1e-4)
-    np.testing.assert_allclose(
-        long_b, _reference(directory, LONG, "first", strided.window, 3), atol=1e-5, rtol=0
-    )
+    np.testing.assert_allclose(long_b, _reference(directory, LONG, "first", strided.window, 3), atol=1e-5, rtol=0)
 
 
 def test_vectors_do_not_depend_on_the_batch(tiny_transformers):
@@ -158,7 +191,9 @@ def test_clear_errors(tiny_transformers, tmp_path):
     (seq2seq / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
     with pytest.raises(InvalidParameterError, match="encoder-decoder"):
         Encoder.load(f"hf:{seq2seq}")
-    with pytest.raises(InvalidParameterError, match=r"subword='middle' is not valid; choose from \['first', 'mean', 'last'\]"):
+    with pytest.raises(
+        InvalidParameterError, match=r"subword='middle' is not valid; choose from \['first', 'mean', 'last'\]"
+    ):
         transformer.parse_spec("hf:x,subword=middle")
     with pytest.raises(InvalidParameterError, match="stride=0"):
         transformer.parse_spec("hf:x,stride=0")
