@@ -212,7 +212,7 @@ class Selection:
         if mix is not None and layers is not None:
             raise _exclusive(names)
         if mix is not None:
-            if len(mix.weights) != n_layers:
+            if isinstance(mix, MixSpec) and len(mix.weights) != n_layers:
                 raise InvalidParameterError(
                     f"{names['mix']}: expected {n_layers} numbers (one per layer of the model), got {len(mix.weights)}"
                 )
