@@ -87,7 +87,7 @@ def check_distinct_layers(value: str | Iterable[int] | None, *, parameter: str =
         if key in seen:
             raise InvalidParameterError(
                 f"{parameter}: layer {key} is listed twice in {value if isinstance(value, str) else list(value)!r}; "
-                "list each layer to store once (choose from [0, 1, 2])"
+                "list each layer to store once"
             )
         seen.add(key)
 

@@ -153,3 +153,19 @@ def test_server_encodes_misses_live_with_the_recorded_model(spec, encoder, corpu
     assert bad.status_code == 422 and "choose from [0, 1, 2, 3]" in bad.json()["error"]["message"]
     assert mix.status_code == 422 and "expected 4 numbers" in mix.json()["error"]["message"]
     assert info["available_layers"] == [0, 1, 2, 3]
+
+
+def test_a_scalar_mix_learned_on_a_transformer_cache_builds_as_a_mix_of_all_its_layers(spec, encoder, corpus, tmp_path):
+    import torch
+
+    from elmo_cache.reader.scalar_mix import ScalarMix
+
+    cache = elmo_cache.open(build(corpus, _options(spec, tmp_path / "sm.zarr", layers="1,3")).path)
+    mix = ScalarMix.for_cache(cache, initial=[0.5, -0.5], gamma=2.0)
+    assert mix.n_layers == 4 and len(mix.raw_weights) == 4
+    spec_ = mix.mix_spec()
+    # Layers the cache lacks get weights that are 0 in float32, where the build mixes.
+    assert np.float32(spec_.weights[0]) == 0.0 and np.float32(spec_.weights[2]) == 0.0
+    stored = torch.from_numpy(np.asarray(cache[0], np.float32))
+    mixed = elmo_cache.open(build(corpus, _options(spec, tmp_path / "smb.zarr", mix=spec_)).path)
+    np.testing.assert_allclose(np.asarray(mixed[0]), mix(stored).detach().numpy(), atol=1e-5)
