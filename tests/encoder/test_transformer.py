@@ -223,3 +223,17 @@ def test_layer_count_and_selection_are_the_models(tiny_transformers):
     with pytest.raises(InvalidParameterError, match="expected 4 numbers"):
         Selection.parse(mix="0.5,0.5", n_layers=n)
     assert Selection.parse(mix="0.1,0.2,0.3,0.4", n_layers=n).mix.weights == (0.1, 0.2, 0.3, 0.4)
+
+
+def test_a_token_without_subwords_reads_as_the_unknown_token(tiny_transformers):
+    directory = tiny_transformers["bert"]
+    encoder = Encoder.load(f"hf:{directory}", device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert tokenizer(["\x00"], is_split_into_words=True, add_special_tokens=False)["input_ids"] == []
+    got = encoder.embed_sentence(["the", "\x00", "cat"])
+    ids = tokenizer(["the", "[UNK]", "cat"], is_split_into_words=True, return_tensors="pt")
+    assert ids["input_ids"][0, 2] == tokenizer.unk_token_id and ids["input_ids"].shape[1] == 5
+    model = AutoModel.from_pretrained(directory).eval()
+    with torch.no_grad():
+        hidden = torch.stack(model(**ids, output_hidden_states=True).hidden_states)[:, 0]
+    np.testing.assert_allclose(got, hidden[:, 1:4].numpy(), atol=1e-5, rtol=0)
