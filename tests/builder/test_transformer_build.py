@@ -166,6 +166,6 @@ def test_a_scalar_mix_learned_on_a_transformer_cache_builds_as_a_mix_of_all_its_
     spec_ = mix.mix_spec()
     # Layers the cache lacks get weights that are 0 in float32, where the build mixes.
     assert np.float32(spec_.weights[0]) == 0.0 and np.float32(spec_.weights[2]) == 0.0
-    stored = torch.from_numpy(np.asarray(cache[0], np.float32))
+    stored = torch.from_numpy(np.array(cache[0], np.float32))
     mixed = elmo_cache.open(build(corpus, _options(spec, tmp_path / "smb.zarr", mix=spec_)).path)
     np.testing.assert_allclose(np.asarray(mixed[0]), mix(stored).detach().numpy(), atol=1e-5)
