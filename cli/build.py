@@ -220,7 +220,12 @@ def build_command(
 
     choose_threads(threads)  # checked with the other options, before torch is imported
     check_distinct_layers(layers, parameter="--layers")  # parse would merge "1,1" into "1"
-    selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS) or Selection()
+    from elmo_cache.model.transformer import layer_count
+
+    n_layers = layer_count(model)  # a Transformer's blocks + 1 (its config is read), else ELMo's 3
+    selection = Selection.parse(layers, mix, gamma, mix_softmax, names=SELECTION_FLAGS, n_layers=n_layers) or (
+        Selection(layers=tuple(range(n_layers)))
+    )
     options = BuildOptions(
         output=output,
         format=format_,

@@ -142,8 +142,9 @@ def internal_error_body(exc: BaseException, request_id: str | None) -> dict[str,
 
 # What the `layers` and `mix` patterns of the schema accept, in words.
 _PATTERN_MEANING = {
-    "layers": "a list of layer ids: comma-separated 0, 1 or 2, e.g. '1,2'; choose from [0, 1, 2]",
-    "mix": "three comma-separated numbers s0,s1,s2 (one weight per layer), e.g. '0.2,0.3,0.5' (plain "
+    "layers": "a list of layer ids: comma-separated whole numbers, e.g. '1,2' (ELMo's layers are 0, 1 and 2; "
+    "a Transformer's 0 to its number of blocks)",
+    "mix": "comma-separated numbers, one weight per layer of the model (ELMo: s0,s1,s2), e.g. '0.2,0.3,0.5' (plain "
     "decimals of at most 20 digits before and after the point, exponents of at most 2 digits)",
 }
 

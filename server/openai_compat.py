@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from elmo_cache.errors import InvalidParameterError
-from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, Selection
+from elmo_cache.rows.selection import MixSpec, Selection
 
 if TYPE_CHECKING:
     from elmo_cache.server.service import EmbedService
@@ -37,8 +37,9 @@ def openai_selection(service: EmbedService) -> Selection:
     stored = service.stored
     if stored is not None and stored.mix is not None:
         return stored
-    layers = stored.layers if stored is not None and stored.layers is not None else ALL_LAYERS
-    weights = tuple(1.0 / len(layers) if j in layers else 0.0 for j in ALL_LAYERS)
+    every = tuple(range(service.n_layers))
+    layers = stored.layers if stored is not None and stored.layers is not None else every
+    weights = tuple(1.0 / len(layers) if j in layers else 0.0 for j in every)
     return Selection(layers=None, mix=MixSpec(weights))
 
 

@@ -37,7 +37,8 @@ from elmo_cache.errors import (
     NotInCacheError,
     NotReadyError,
 )
-from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, Selection
+from elmo_cache.model.identity import identity_layers
+from elmo_cache.rows.selection import MixSpec, Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.metrics import Metrics
 from elmo_cache.server.pooled import (
@@ -171,8 +172,13 @@ class EmbedService:
             assert encoder is not None
             self.dtype = np.dtype(np.float32)
             self.dim = int(encoder.output_dim)
+        # How many layers the model gives (ELMo's 3, a Transformer's L + 1): what layers and mix are checked against.
+        built_with = (
+            encoder.identity if encoder is not None else (cache.metadata if cache is not None else {}).get("model")
+        )
+        self.n_layers = identity_layers(built_with)
         # Without layers and mix a request gets what the cache stores (all layers without a cache).
-        self.default_selection = self.stored or Selection()
+        self.default_selection = self.stored or Selection(layers=tuple(range(self.n_layers)))
 
     # -- request parsing ---------------------------------------------------------------------
 
@@ -184,7 +190,7 @@ class EmbedService:
         softmax: bool,
     ) -> Selection:
         """What a request asks for; InvalidParameterError when this server cannot give it."""
-        selection = Selection.parse(layers, mix, gamma, softmax)
+        selection = Selection.parse(layers, mix, gamma, softmax, n_layers=self.n_layers)
         if selection is None:
             return self.default_selection
         if self.encoder is None and self.stored is not None and not selection.answerable_from(self.stored):
@@ -551,7 +557,7 @@ class EmbedService:
             "dtype": self.dtype.name,
             "dim": self.dim,
             "write_back": None if self.writeback is None else self.writeback.info(),
-            "available_layers": list(ALL_LAYERS)
+            "available_layers": list(range(self.n_layers))
             if self.encoder is not None
             else list((self.stored.layers if self.stored is not None else None) or ()),
         }

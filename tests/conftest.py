@@ -52,6 +52,16 @@ def tiny_model(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_transformers(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random Transformer encoders (BERT, RoBERTa, XLM-R, DeBERTa-v2) with local tokenizers, by family;
+    skips where transformers is not installed (it is the optional extra ``transformers``)."""
+    pytest.importorskip("transformers")
+    from tests.transformer_fixtures import write_tiny_transformers
+
+    return write_tiny_transformers(tmp_path_factory.mktemp("tiny_transformers"))
+
+
+@pytest.fixture(scope="session")
 def clipping_model(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny model whose cell and projection clips fire thousands of times per corpus.
 

@@ -48,6 +48,7 @@ def test_build_and_read_without_the_server_extra(tmp_path, tiny_model):
             assert len(cache) == 6 and cache[0].shape[1] == len(cache.tokens(0)), cache[0].shape
         loaded = sorted({name.split(".")[0] for name in sys.modules if sys.modules[name] is not None})
         print("server modules loaded:", [name for name in loaded if name in {SERVER_EXTRA}])
+        print("transformers loaded:", [name for name in loaded if name in ("transformers", "tokenizers")])
         """.replace("{SERVER_EXTRA}", repr(set(SERVER_EXTRA))),
         str(corpus),
         str(output),
@@ -56,6 +57,28 @@ def test_build_and_read_without_the_server_extra(tmp_path, tiny_model):
     )
     assert done.returncode == 0, done.stderr
     assert "server modules loaded: []" in done.stdout
+    # An ELMo build does not import the transformers extra, installed or not.
+    assert "transformers loaded: []" in done.stdout
+
+
+def test_a_transformer_model_without_the_extra_says_what_to_install(tmp_path, tiny_model):
+    corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(2, seed=3))
+    model = tmp_path / "bert"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "bert"}')
+    done = python(
+        """
+        sys.modules["transformers"] = None
+        from elmo_cache.cli.main import main
+        sys.argv = ["elmo-cache", "build", sys.argv[1], "--model", "hf:" + sys.argv[2], "--no-progress"]
+        main()
+        """,
+        str(corpus),
+        str(model),
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert 'pip install "elmo-cache[transformers]"' in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_serve_without_the_server_extra_says_what_to_install(tmp_path):

@@ -21,7 +21,7 @@ class BuildOptions:
     output: str | os.PathLike[str] | None = None
     # Container "zarr" or "hdf5"; None: from the output suffix (.zarr, .h5, .hdf5), else zarr.
     format: str | None = None
-    # Layers to store, a subset of 0,1,2 as "1,2" or (1, 2); None: all three. Exclusive with mix.
+    # Layers to store, a subset of 0,1,2 as "1,2" or (1, 2) (a Transformer's: 0..L); None: all. Exclusive with mix.
     layers: str | Sequence[int] | None = None
     # Store one fixed mix gamma * sum_j s_j h_j per token instead of layers (MixSpec.from_raw).
     mix: MixSpec | None = None

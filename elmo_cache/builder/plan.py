@@ -22,6 +22,7 @@ from elmo_cache.encoder.names import check_device_name, check_precision_name
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model.hub import BUNDLED
 from elmo_cache.model.identity import comparable_model, model_differences
+from elmo_cache.model.transformer import layer_count
 from elmo_cache.rows.codecs import FLOAT32, RowCodec, codec_for_option
 from elmo_cache.rows.pooling import POOLS, Pool, parse_pool
 from elmo_cache.rows.selection import MixSpec, Selection, check_distinct_layers
@@ -196,7 +197,8 @@ def make_plan(source: Corpus, options: BuildOptions) -> Plan:
     """Check every option against the others and the corpus; raise :class:`InvalidParameterError` naming it."""
     fmt, output = _output(source, options)
     check_distinct_layers(options.layers)
-    selection = Selection.of(options.layers, options.mix)
+    # A Transformer's layer count comes from its config (ELMo's is 3), so --layers and --mix are checked now.
+    selection = Selection.of(options.layers, options.mix, n_layers=layer_count(options.model))
     compression = None if options.compression in (None, "none") else options.compression
     # None: set once the model's width is known (Plan.with_model)
     chunk_rows = None if options.chunk_rows is None else int(options.chunk_rows)

@@ -16,6 +16,7 @@ model saw in training than zeros.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -50,6 +51,8 @@ from elmo_cache.model.sources import ModelSpec
 
 __all__ = [
     "Encoder",
+    "FORMAT_ENCODERS",
+    "validate_sentences",
     "PRECISIONS",
     "INITIAL_STATES",
     "WARMUP_TEXT",
@@ -72,11 +75,16 @@ WARMUP_TEXT = (
 # What versions the warm initial state in an identity (Encoder.identity, Encoder.describe).
 _WARMUP_SHA256 = hashlib.sha256("\n".join(WARMUP_TEXT).encode()).hexdigest()
 
+# Model formats (elmo_cache.model.formats) whose models are not a biLM: the Encoder subclass that runs them, as
+# (module, class); it has a ``from_files(files, *, device, precision, initial_state)`` constructor.
+FORMAT_ENCODERS = {formats.TRANSFORMERS: ("elmo_cache.encoder.transformer", "TransformerEncoder")}
+
 DEFAULT_BATCH_TOKENS = BATCH_TOKENS["cpu"]
 DEFAULT_WORD_CACHE_SIZE = 20000
 
 
-def _validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
+def validate_sentences(sentences: Sequence[Sequence[str]]) -> None:
+    """Refuse a sentence given as a string where a list of tokens belongs (every encoder's first check)."""
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, str):
             raise InvalidParameterError(
@@ -160,11 +168,23 @@ class Encoder:
         ``word_cache_size``: how many distinct words keep their char-CNN vector (exact reuse).
         ``fuse_cell``: compile the LSTM cell update into one kernel (None: for models with
         at least 1024 LSTM cells, unless ``ATEN_CPU_CAPABILITY`` caps torch's CPU kernels).
+
+        ``"hf:NAME"`` (a Transformer encoder's directory or hub name, :mod:`elmo_cache.model.transformer`)
+        gives a :class:`~elmo_cache.encoder.transformer.TransformerEncoder`: the same interface, ``L + 1`` layers.
         """
         if initial_state not in INITIAL_STATES:
             raise InvalidParameterError(f"initial_state: {initial_state!r} is not one of {list(INITIAL_STATES)}")
         files = sources.resolve(model, options_file, weight_file)
         resolved = resolve_device(device)
+        if files.format in FORMAT_ENCODERS:
+            # A format with its own encoder behind this interface, a subclass in its own module imported by name
+            # on first use (the Transformer's imports transformers, which an ELMo model never needs).
+            module, name = FORMAT_ENCODERS[files.format]
+            subclass = getattr(importlib.import_module(module), name)
+            encoder: Encoder = subclass.from_files(
+                files, device=resolved, precision=precision, initial_state=initial_state
+            )
+            return encoder
         dtype = check_precision(precision, resolved)
         loaded = formats.load(files)
         bilm = BiLM(loaded.options, loaded.weights, compute_dtype=dtype)
@@ -311,7 +331,7 @@ class Encoder:
         Returns ``(acts, lengths)``: ``acts`` float32 ``(batch, 3, max_tokens, output_dim)``,
         zero beyond each sentence's length, in input order; ``lengths`` int64 on the CPU.
         """
-        _validate_sentences(sentences)  # before the early return for all-empty batches
+        validate_sentences(sentences)  # before the early return for all-empty batches
         lengths = torch.tensor([len(s) for s in sentences], dtype=torch.int64)
         max_tokens = int(lengths.max()) if len(sentences) else 0
         acts = torch.zeros(len(sentences), self.n_layers, max_tokens, self.output_dim, device=self.device)
@@ -378,7 +398,7 @@ class Encoder:
         """One batch without padding: ``(3, total_tokens, output_dim)`` float32 on the device,
         sentences concatenated in input order, and each sentence's token offset (a numpy array
         of ``len(sentences) + 1`` entries). The cheapest form for writers."""
-        _validate_sentences(sentences)
+        validate_sentences(sentences)
         batch = len(sentences)
         n_tokens = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=batch)
         offsets = np.zeros(batch + 1, dtype=np.int64)

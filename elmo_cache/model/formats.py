@@ -19,11 +19,13 @@ from elmo_cache.model.weights import ElmoWeights
 if TYPE_CHECKING:
     from elmo_cache.model.files import ModelFiles
 
-__all__ = ["BILM_TF", "EFML", "FORMATS", "LoadedModel", "load", "fingerprint", "output_dim", "describe"]
+__all__ = ["BILM_TF", "EFML", "TRANSFORMERS", "FORMATS", "LoadedModel", "load", "fingerprint", "output_dim", "describe"]
 
 BILM_TF = "bilm-tf"
 EFML = "elmoformanylangs"
-FORMATS = (BILM_TF, EFML)
+# A Transformer encoder's save_pretrained directory (elmo_cache.model.transformer): no biLM, its own encoder.
+TRANSFORMERS = "transformers"
+FORMATS = (BILM_TF, EFML, TRANSFORMERS)
 
 
 @dataclass
@@ -52,6 +54,8 @@ def load(files: ModelFiles) -> LoadedModel:
 
         model = efml.load_model(_directory(files))
         return LoadedModel(model.options, model.weights, model.tokens, model.options_dict, model.weights_sha256)
+    if files.format == TRANSFORMERS:
+        raise ValueError("a Transformer model has no biLM weights: Encoder.load gives it its own encoder")
     if files.format != BILM_TF:
         raise ValueError(f"unknown model format {files.format!r}; one of {list(FORMATS)}")
     from elmo_cache.model.weights import load_weights
@@ -63,6 +67,10 @@ def load(files: ModelFiles) -> LoadedModel:
 
 def fingerprint(files: ModelFiles) -> tuple[str, dict[str, Any]]:
     """The weights SHA-256 and options an encoder of these files records, without loading the weights."""
+    if files.format == TRANSFORMERS:
+        from elmo_cache.model import transformer
+
+        return transformer.fingerprint(files)
     if files.format == EFML:
         from elmo_cache.model import efml
 
@@ -74,6 +82,10 @@ def fingerprint(files: ModelFiles) -> tuple[str, dict[str, Any]]:
 
 def output_dim(files: ModelFiles) -> int:
     """The width of the model's output layers, from its options alone (no weight is read)."""
+    if files.format == TRANSFORMERS:
+        from elmo_cache.model import transformer
+
+        return transformer.describe(files, "fp32", "zero").output_dim
     if files.format == EFML:
         from elmo_cache.model import efml
 
@@ -85,6 +97,10 @@ def output_dim(files: ModelFiles) -> int:
 def describe(files: ModelFiles, precision: str, initial_state: str, warmup_sha256: str | None) -> ModelDescription:
     """The identity and width of an encoder of ``files`` (see :meth:`Encoder.describe
     <elmo_cache.Encoder.describe>`, which knows the warm-up text), from the files alone."""
+    if files.format == TRANSFORMERS:
+        from elmo_cache.model import transformer
+
+        return transformer.describe(files, precision, initial_state)
     weights_sha256, options = fingerprint(files)
     identity = model_identity(
         files.name, options, weights_sha256, initial_state, precision, files.directory, warmup_sha256

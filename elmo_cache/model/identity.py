@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODEL_KEYS", "ModelDescription", "model_identity", "model_differences", "same_model", "comparable_model"]
+__all__ = [
+    "MODEL_KEYS",
+    "ModelDescription",
+    "model_identity",
+    "model_differences",
+    "same_model",
+    "comparable_model",
+    "identity_layers",
+]
 
 MODEL_KEYS = ("weights_sha256", "options", "initial_state", "precision", "warmup_sha256")
 """The identity entries that determine the vectors, in the order differences are reported."""
@@ -26,6 +34,8 @@ class ModelDescription:
     identity: dict[str, Any]
     # The width of every output layer (Encoder.output_dim).
     output_dim: int
+    # How many layers the model gives (Encoder.n_layers): ELMo's 3, or a Transformer's blocks plus its embeddings.
+    n_layers: int = 3
 
 
 def model_identity(
@@ -68,3 +78,11 @@ def model_differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) 
 def same_model(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
     """Whether both identities describe the same vectors: same weights, options, initial state and precision."""
     return not model_differences(a, b)
+
+
+def identity_layers(identity: Mapping[str, Any] | None) -> int:
+    """How many layers the model an identity records gives: a Transformer's ``options.n_layers``, else ELMo's 3."""
+    options = (identity or {}).get("options")
+    if isinstance(options, Mapping) and options.get("format") == "transformers":
+        return int(options["n_layers"])
+    return 3

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from elmo_cache.errors import InvalidParameterError, ModelNotFoundError
 from elmo_cache.model import hub
+from elmo_cache.model import transformer as _transformer
 from elmo_cache.model.files import ModelFiles
 
 __all__ = [
@@ -388,6 +389,7 @@ _SOURCES: list[ModelSource] = [
     EfmlPublishedSource(),
     EfmlSource(),
     NlplSource(),
+    _transformer.TransformerSource(),
     DirectorySource(),
 ]
 

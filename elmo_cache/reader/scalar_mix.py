@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model.identity import identity_layers
 from elmo_cache.rows.selection import ALL_LAYERS, MixSpec, parse_layers
 
 if TYPE_CHECKING:
@@ -45,9 +46,13 @@ class ScalarMix(nn.Module):
         initial: Iterable[float] | None = None,
         gamma: float = 1.0,
         trainable: bool = True,
+        n_layers: int = len(ALL_LAYERS),
     ):
         super().__init__()
-        self.layers = parse_layers(layers)
+        # How many layers the model has (ELMo's 3, a Transformer's L + 1): the ids ``layers`` may name, and the
+        # length of the mix the build takes (raw_weights, mix_spec).
+        self.n_layers = int(n_layers)
+        self.layers = parse_layers(layers, n_layers=self.n_layers)
         n = len(self.layers)
         raw = torch.zeros(n) if initial is None else torch.tensor(list(initial), dtype=torch.float32)
         if raw.shape != (n,):
@@ -62,7 +67,12 @@ class ScalarMix(nn.Module):
         """A mix over the layers a layered cache stores (``cache``: a Cache or a CacheDataset)."""
         if cache.layers is None:
             raise InvalidParameterError(f"{cache.path}: a mixed cache has no layers to learn a mix over")
-        return cls(cache.layers, **kwargs)
+        metadata = getattr(cache, "metadata", None)
+        if isinstance(metadata, dict):
+            n_layers = identity_layers(metadata.get("model"))
+        else:  # a dataset holds its cache's path only: its layers say at least how many there are
+            n_layers = max(len(ALL_LAYERS), max(cache.layers) + 1)
+        return cls(cache.layers, **{"n_layers": n_layers, **kwargs})
 
     def forward(self, tensor: torch.Tensor, layer_dim: int = -3) -> torch.Tensor:
         n = len(self.layers)
@@ -86,7 +96,7 @@ class ScalarMix(nn.Module):
 
     @property
     def raw_weights(self) -> tuple[float, ...]:
-        """Raw parameters for all three ELMo layers (0, 1, 2), for ``--mix ... --mix-softmax``.
+        """Raw parameters for all the model's layers (ELMo's 0, 1, 2), for ``--mix ... --mix-softmax``.
 
         Layers outside ``self.layers`` get a raw value far below the others, so their softmax
         weight is 0 in float32.
@@ -94,7 +104,7 @@ class ScalarMix(nn.Module):
         raw = self.scalar_parameters.detach().double().tolist()
         floor = min(raw) - _ABSENT_OFFSET
         by_layer = dict(zip(self.layers, raw))
-        return tuple(float(by_layer.get(layer, floor)) for layer in ALL_LAYERS)
+        return tuple(float(by_layer.get(layer, floor)) for layer in range(self.n_layers))
 
     @property
     def gamma_value(self) -> float:
@@ -102,7 +112,7 @@ class ScalarMix(nn.Module):
 
     def mix_spec(self) -> MixSpec:
         """The fixed mix this module computes, as the build uses it."""
-        return MixSpec.from_raw(self.raw_weights, gamma=self.gamma_value, softmax=True)
+        return MixSpec.from_raw(self.raw_weights, gamma=self.gamma_value, softmax=True, n_layers=self.n_layers)
 
     def build_args(self) -> list[str]:
         """``["--mix", "a0,a1,a2", "--mix-softmax", "--gamma", "g"]`` for ``elmo-cache build``."""

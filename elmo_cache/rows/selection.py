@@ -87,7 +87,7 @@ def check_distinct_layers(value: str | Iterable[int] | None, *, parameter: str =
         if key in seen:
             raise InvalidParameterError(
                 f"{parameter}: layer {key} is listed twice in {value if isinstance(value, str) else list(value)!r}; "
-                "list each layer to store once (choose from [0, 1, 2])"
+                "list each layer to store once"
             )
         seen.add(key)
 
@@ -205,13 +205,19 @@ class Selection:
         mix: MixSpec | None = None,
         *,
         names: Mapping[str, str] = PARAMETER_NAMES,
+        n_layers: int = 3,
     ) -> Selection:
-        """From typed options (``BuildOptions.layers`` / ``.mix``): the mix, or ``layers`` (None: all three)."""
+        """From typed options (``BuildOptions.layers`` / ``.mix``): the mix, or ``layers`` (None: all of the
+        model's ``n_layers``: ELMo's three, a Transformer's blocks plus its embeddings)."""
         if mix is not None and layers is not None:
             raise _exclusive(names)
         if mix is not None:
+            if isinstance(mix, MixSpec) and len(mix.weights) != n_layers:
+                raise InvalidParameterError(
+                    f"{names['mix']}: expected {n_layers} numbers (one per layer of the model), got {len(mix.weights)}"
+                )
             return cls(layers=None, mix=mix)
-        return cls(layers=parse_layers(layers, parameter=names["layers"]))
+        return cls(layers=parse_layers(layers, n_layers=n_layers, parameter=names["layers"]))
 
     @classmethod
     def parse(
@@ -222,6 +228,7 @@ class Selection:
         softmax: bool = False,
         *,
         names: Mapping[str, str] = PARAMETER_NAMES,
+        n_layers: int = 3,
     ) -> Selection | None:
         """From user words (flags, query parameters); None when neither ``layers`` nor ``mix`` is given."""
         if mix is not None and layers is not None:
@@ -232,10 +239,11 @@ class Selection:
                 f"or use them only with {names['mix']}"
             )
         if mix is not None:
-            return cls(layers=None, mix=MixSpec.from_raw(mix, gamma=1.0 if gamma is None else gamma, softmax=softmax))
+            mixed = MixSpec.from_raw(mix, gamma=1.0 if gamma is None else gamma, softmax=softmax, n_layers=n_layers)
+            return cls(layers=None, mix=mixed)
         if layers is None:
             return None
-        return cls(layers=parse_layers(layers, parameter=names["layers"]))
+        return cls(layers=parse_layers(layers, n_layers=n_layers, parameter=names["layers"]))
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Selection:
@@ -348,7 +356,7 @@ class Selection:
             if positions != list(range(len(kept))):
                 vectors = np.asarray(vectors)[positions]
             return np.ascontiguousarray(vectors, dtype=dtype)
-        full = np.zeros((len(ALL_LAYERS), vectors.shape[-2], vectors.shape[-1]), dtype=np.float32)
+        full = np.zeros((len(self.mix.weights), vectors.shape[-2], vectors.shape[-1]), dtype=np.float32)
         for position, layer in enumerate(kept):
             full[layer] = vectors[position]  # a float32 copy: the store is read-only
         return Selection(layers=None, mix=self.mix).apply_array(full, dtype)

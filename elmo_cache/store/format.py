@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.model.identity import identity_layers
 
 __all__ = [
     "META_KEY",
@@ -244,6 +245,15 @@ def decode_metadata(raw: Any) -> dict[str, Any] | None:
     return raw if isinstance(raw, dict) and raw.get("format") == FORMAT_NAME else None
 
 
+def _model_layers(raw: dict[str, Any]) -> int:
+    """How many layers the cache's model gives (ELMo's 3; a Transformer's, as its identity records)."""
+    model = raw.get("model")
+    try:
+        return identity_layers(model if isinstance(model, dict) else None)
+    except (KeyError, TypeError, ValueError):
+        return len(LAYER_IDS)
+
+
 def parse_metadata(
     where: Path, raw: Any, quantization_problem: Callable[[dict[str, Any]], str | None] | None = None
 ) -> dict[str, Any]:
@@ -302,9 +312,16 @@ def parse_metadata(
         problems.append(f"dim {dim!r} (expected a positive integer)")
     layers = raw.get("layers")
     if kind == "layers" and (
-        not isinstance(layers, list) or not layers or layers != sorted(set(layers)) or not set(layers) <= set(LAYER_IDS)
+        not isinstance(layers, list)
+        or not layers
+        or not all(isinstance(layer, int) and layer >= 0 for layer in layers)
+        or layers != sorted(set(layers))
+        or not set(layers) <= set(range(_model_layers(raw)))
     ):
-        problems.append(f"layers {layers!r} (expected a sorted non-empty subset of {list(LAYER_IDS)})")
+        problems.append(
+            f"layers {layers!r} (expected a sorted non-empty subset of {list(range(_model_layers(raw)))}, "
+            "the model's layers)"
+        )
     if not isinstance(raw.get("complete"), bool):
         problems.append(f"complete {raw.get('complete')!r} (expected true or false)")
     if problems:

@@ -45,8 +45,11 @@ _GET_RULES = (
 # spaces only: a regex's \d and \s differ between Python, Rust and ECMAScript). Digits are bounded
 # so that every matching number is finite in float64 (at most about 1e120): "1e400" would be inf.
 _FLOAT = r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?"
-MIX_PATTERN = rf"^ *{_FLOAT} *, *{_FLOAT} *, *{_FLOAT} *$"
-LAYERS_PATTERN = r"^ *[0-2] *(?:, *[0-2] *)*$"
+# One weight per layer of the model (ELMo: 3; a Transformer: its blocks + 1): how many the model has is the
+# service's check (Selection.parse with the model's layer count), which names the count it expected.
+MAX_LAYERS = 256
+MIX_PATTERN = rf"^ *{_FLOAT} *(?:, *{_FLOAT} *){{0,{MAX_LAYERS - 1}}}$"
+LAYERS_PATTERN = r"^ *[0-9]{1,3} *(?:, *[0-9]{1,3} *)*$"
 
 # Strict: a JSON body's `"1"` is not a layer nor `"true"` a boolean (the schema says so too).
 _Weight = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -57,14 +60,14 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-_LayerId = Annotated[int, Field(strict=True, ge=0, le=2), BeforeValidator(_integral)]
+_LayerId = Annotated[int, Field(strict=True, ge=0, lt=MAX_LAYERS), BeforeValidator(_integral)]
 _LayersStr = Annotated[str, Field(pattern=LAYERS_PATTERN)]
 _LayersList = Annotated[list[_LayerId], Field(min_length=1)]
 # A token of a token list: not empty and without a newline, which no cache can store (elmo_cache.text.tokenize).
 _Token = Annotated[str, Field(min_length=1, pattern=r"^[^\n]+$")]
 _TokenList = list[_Token]
 _MixStr = Annotated[str, Field(pattern=MIX_PATTERN)]
-_MixList = Annotated[list[_Weight], Field(min_length=3, max_length=3)]
+_MixList = Annotated[list[_Weight], Field(min_length=1, max_length=MAX_LAYERS)]
 _POOL_DOC = (
     "One vector for the sentence instead of one per token: `mean` or `max` over its tokens, or `first-last` (the "
     "first token's vector and the last token's, side by side: `dim` doubles), per layer or of the mix; shape "
