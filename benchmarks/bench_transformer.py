@@ -49,42 +49,14 @@ def model_dir(size: str, corpus: list[list[str]]) -> Path:
     directory = root / f"bert-{size}"
     if (directory / "config.json").is_file():
         return directory
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import AutoModel, BertConfig, PreTrainedTokenizerFast
+    from elmo_cache.model.random_transformer import wordpiece_tokenizer, write_random_bert
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    t = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    t.normalizer = normalizers.BertNormalizer(lowercase=False)
-    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     # A vocabulary smaller than the corpus's, so that rarer words split into pieces as in real text.
-    t.train_from_iterator(
-        (" ".join(s) for s in corpus), trainers.WordPieceTrainer(vocab_size=8000, special_tokens=specials)
-    )
-    cls, sep = t.token_to_id("[CLS]"), t.token_to_id("[SEP]")
-    t.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=t,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
+    tokenizer = wordpiece_tokenizer((" ".join(s) for s in corpus), 8000, lowercase=False)
     hidden, blocks, heads, inner = SIZES[size]
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        num_hidden_layers=blocks,
-        num_attention_heads=heads,
-        intermediate_size=inner,
-        max_position_embeddings=512,
+    return write_random_bert(
+        directory, tokenizer, hidden=hidden, blocks=blocks, heads=heads, intermediate=inner, positions=512
     )
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def run_ours(encoder, corpus, batch_tokens):

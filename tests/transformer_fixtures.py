@@ -23,27 +23,9 @@ _SMALL = {"hidden_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2, "
 
 
 def _wordpiece() -> Any:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from elmo_cache.model.random_transformer import wordpiece_tokenizer
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    t = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    t.normalizer = normalizers.BertNormalizer(lowercase=True)
-    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    t.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=150, special_tokens=specials))
-    cls, sep = t.token_to_id("[CLS]"), t.token_to_id("[SEP]")
-    t.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    t.decoder = decoders.WordPiece()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=t,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
+    return wordpiece_tokenizer(CORPUS, 150, lowercase=True)
 
 
 def _byte_bpe() -> Any:
