@@ -76,7 +76,7 @@ def test_a_corpus_past_a_few_default_chunks_keeps_the_byte_rules(tmp_path, bundl
         == (1024, default_shard_rows(1024, BUNDLED_ROW_BYTES))
         == (
             1024,
-            85 * 1024,
+            21 * 1024,
         )
     )
 
