@@ -16,7 +16,7 @@ encoder), then measures
 
     python benchmarks/bench_scale.py                        # 100M sentences, ~12 GB of files, ~15 min
     python benchmarks/bench_scale.py --sentences 1000000    # quick
-    # the same rows as Original-size caches would be cut: one 3 MiB chunk per file, then 256 MiB shards
+    # the same rows as Original-size caches would be cut: one 3 MiB chunk per file, then 256 MiB shards (old default)
     python benchmarks/bench_scale.py --layout 512:512 --layout 512:43520
 """
 

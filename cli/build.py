@@ -105,7 +105,7 @@ cache up to date, re-encoding only the windows of new or changed lines.
     "--shard-rows",
     type=int,
     default=None,
-    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 256 MiB, no more than "
+    help="zarr rows per vectors file (whole chunks). Default: the most chunks within 64 MiB, no more than "
     "the corpus fills.",
 )
 @click.option("--dedupe", is_flag=True, help="Encode and store repeated sentences once.")

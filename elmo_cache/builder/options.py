@@ -46,7 +46,7 @@ class BuildOptions:
     # needs). Not valid for HDF5.
     chunk_rows: int | None = None
     # zarr rows per vectors file, a shard of whole chunks (a multiple of chunk_rows); None:
-    # default_shard_rows() (files of at most 256 MiB, no larger than a small corpus needs). Not valid for HDF5.
+    # default_shard_rows() (files of at most 64 MiB, no larger than a small corpus needs). Not valid for HDF5.
     shard_rows: int | None = None
     # Encode each distinct sentence once; repeated sentences point at its rows.
     dedupe: bool = False

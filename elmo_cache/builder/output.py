@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from elmo_cache.builder.corpus_record import check_same_corpus
 from elmo_cache.builder.plan import Plan, comparable_identity, differences
 from elmo_cache.errors import CacheExistsError
 from elmo_cache.store import OutputKind, OutputState, inspect_output, load_progress, remove_output
+from elmo_cache.store.durable import finish_interrupted_publish
 from elmo_cache.store.format import BUILD_DIR, staging_path
 from elmo_cache.text.corpus import Corpus
 
@@ -45,6 +47,7 @@ def prepare_output(
     """
     output = plan.output
     staging = staging_path(output)
+    finish_interrupted_publish(staging, output)  # a publish a kill cut between its renames left no cache there
     if overwrite:
         if output.exists() or output.is_symlink():
             remove_output(output)
@@ -72,7 +75,8 @@ def prepare_output(
         changes = None if source is None else check_same_corpus(output, meta, source, update=update)
         if changes is not None:
             return _update_state(plan, identity, meta, changes.first)
-        remove_output(output / BUILD_DIR) if (output / BUILD_DIR).is_dir() else None
+        if (output / BUILD_DIR).is_dir():  # a publish killed before the build folder went (the cache is ours)
+            shutil.rmtree(output / BUILD_DIR)
         if staging.exists():
             remove_output(staging)
         return found

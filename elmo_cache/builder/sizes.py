@@ -63,20 +63,26 @@ def default_chunk_rows(row_bytes: int, corpus_rows: int | None = None) -> int:
     return rows
 
 
-DEFAULT_SHARD_BYTES = 256 * 2**20
+DEFAULT_SHARD_BYTES = 64 * 2**20
 """Largest zarr ``vectors`` file (shard) the default allows (see :func:`default_shard_rows`)."""
 
 
 def default_shard_rows(chunk_rows: int, row_bytes: int, corpus_rows: int | None = None) -> int:
-    """Rows per zarr ``vectors`` file when none is asked for: the most whole chunks within 256 MiB, and, when
+    """Rows per zarr ``vectors`` file when none is asked for: the most whole chunks within 64 MiB, and, when
     the corpus's rows are known (``corpus_rows``), no more chunks than hold them (a shard's index has an
-    entry per chunk it could hold: a 24 KiB chunk's 256 MiB shard would carry a 170 KiB index).
+    entry per chunk it could hold: a 24 KiB chunk's 64 MiB shard would carry a 43 KiB index).
 
     zarr keeps each chunk in its own file unless chunks are grouped into shards. At 3 MiB chunks a
     100M-sentence corpus (2.5G tokens, Original layers in float16: 15 TB) would be 5M files, more
-    than many file systems and object stores handle well; in 256 MiB shards it is 57,000. A
+    than many file systems and object stores handle well; in 64 MiB shards it is 230,000. A
     memory-mapped reader maps a shard as one block, so lookups cost the same
     (``benchmarks/bench_scale.py``), while compressed caches still decode one 3 MiB chunk per read.
+
+    Why not larger (it was 256 MiB, 57,000 files there): ``build --update`` keeps the files wholly before the
+    first changed row and writes the one holding it again from its start, so a file is the most an update writes
+    beyond the rows that changed. At 256 MiB that was 8.8% of a 1M-token cache of the bundled model's float32
+    layers (3 GB), and a 1% append wrote 5.005% of a full build's bytes (issue 32's bound is 5%); at 64 MiB it is
+    at most 2.2% (``benchmarks/bench_update.py``: benchmarks/RESULTS.md, "Updating a cache in place").
     """
     chunks = max(1, DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes))
     if corpus_rows is not None:

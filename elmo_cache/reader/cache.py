@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from elmo_cache import store
-from elmo_cache.errors import CacheFormatError, IncompleteCacheError, InvalidParameterError
+from elmo_cache.errors import CacheFormatError, CacheReplacedError, IncompleteCacheError, InvalidParameterError
 from elmo_cache.reader.checks import check_arrays
 from elmo_cache.reader.pooled import PooledVectors, choose_pool, pool_of_sentence, pool_only_refusal
 from elmo_cache.rows.codecs import RowCodec, codec_for_reading, quantization_problem
@@ -66,7 +66,8 @@ class Cache:
     index (a bool, a float, a string: :meth:`get` looks sentences up by text) is a TypeError. The
     arrays stay valid after :meth:`close`.
 
-    A cache pickles as its path, so it can be handed to worker processes; each reopens it.
+    A cache pickles as its path, so it can be handed to worker processes; each reopens it (and refuses, with
+    :class:`~elmo_cache.errors.CacheReplacedError`, another cache published there since).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, allow_incomplete: bool = False):
@@ -511,8 +512,14 @@ class Cache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __reduce__(self) -> tuple[Any, tuple[str, bool]]:
-        return (_reopen, (str(self.path), self._allow_incomplete))
+    def __reduce__(self) -> tuple[Any, tuple[str, bool, str | None]]:
+        return (_reopen, (str(self.path), self._allow_incomplete, self._generation()))
+
+    def _generation(self) -> str | None:
+        """What tells this cache from another one published at its path since: its metadata's CRC-32 (the
+        metadata records the build's corpus digest and times), None for a cache without one."""
+        recorded = self._metadata.get("checksums")
+        return str(recorded["metadata"]) if isinstance(recorded, dict) and "metadata" in recorded else None
 
     def __repr__(self) -> str:
         what = f"layers={list(self.layers)}" if self.layers is not None else "mix"
@@ -523,5 +530,15 @@ class Cache:
         )
 
 
-def _reopen(path: str, allow_incomplete: bool) -> Cache:
-    return Cache(path, allow_incomplete=allow_incomplete)
+def _reopen(path: str, allow_incomplete: bool, generation: str | None = None) -> Cache:
+    """A pickled cache opened again (a DataLoader worker's): the same cache, or an error when another one was
+    published at its path since it was pickled (a worker must not read other rows than its parent indexed)."""
+    cache = Cache(path, allow_incomplete=allow_incomplete)
+    if generation is not None and cache._generation() != generation:
+        cache.close()
+        raise CacheReplacedError(
+            f"{path}: the cache was replaced (build --update or a rebuild published a new one there) after the "
+            "process that handed it over opened it; its row numbers would not be this cache's: open the cache "
+            "again in that process and hand it over again"
+        )
+    return cache

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,15 @@ from elmo_cache.errors import (
 )
 from elmo_cache.store.columns import cache_arrays, with_block_sums
 from elmo_cache.store.container import Container, OutputKind, OutputState
-from elmo_cache.store.format import BUILD_DIR, STAGING_SUFFIX, ZARR_JSON, block_sums_name, decode_metadata, staging_path
+from elmo_cache.store.format import (
+    BUILD_DIR,
+    STAGING_SUFFIX,
+    ZARR_JSON,
+    aside_path,
+    block_sums_name,
+    decode_metadata,
+    staging_path,
+)
 from elmo_cache.store.hdf5.writer import Hdf5Writer
 from elmo_cache.store.lock import current_builder
 from elmo_cache.store.registry import container_for_suffix, container_names, containers, get_container
@@ -71,6 +80,8 @@ __all__ = [
     "writer_class",
     "infer_format",
     "detect",
+    "readable_path",
+    "ASIDE_WAIT_S",
     "open_arrays",
     "open_cache_arrays",
     "open_with_library",
@@ -107,6 +118,36 @@ def unfinished(path: Path) -> IncompleteCacheError:
     )
 
 
+# How long a reader that finds no cache at a path, but the cache an update is replacing renamed aside, waits for the
+# new one to take the path (a publish by renames: two renames apart) before it reads the old one aside.
+ASIDE_WAIT_S = 2.0
+
+
+def readable_path(path: Path, wait: float = ASIDE_WAIT_S) -> Path:
+    """Where the cache at ``path`` is to be read: ``path``, or, in the moment of an update's publish by renames
+    (where the system cannot swap two folders: :func:`~elmo_cache.store.durable.publish_directory`) when nothing
+    is at ``path``, the new cache once it takes ``path`` within ``wait`` seconds, else the old one renamed aside
+    (whole: a publish killed between its renames left it so, until the next build finishes the publish)."""
+    if path.exists() or path.is_symlink():
+        return path
+    aside = aside_path(path)
+    deadline = time.monotonic() + wait
+    while aside.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.005)
+        if path.exists():
+            return path
+    return aside if aside.is_dir() and not path.exists() else path
+
+
+def _published(path: Path) -> bool:
+    """Whether ``path``, a folder holding a build folder, is a finished cache whose publish a kill cut before its
+    build folder was removed (the next build removes it): complete metadata, at a path not a staging folder's."""
+    if path.name.endswith(STAGING_SUFFIX):
+        return False
+    meta = read_metadata(path)
+    return isinstance(meta, dict) and meta.get("complete") is True
+
+
 def detect(path: Path) -> str:
     """The container of the cache at ``path`` (its name).
 
@@ -117,8 +158,8 @@ def detect(path: Path) -> str:
         if staging_path(path).is_dir():
             raise unfinished(path)
         raise CacheNotFoundError(f"cache not found: {path}")
-    if path.is_dir() and (path / BUILD_DIR).is_dir():  # the staging folder of a running or interrupted build
-        raise unfinished(path)
+    if path.is_dir() and (path / BUILD_DIR).is_dir() and not _published(path):
+        raise unfinished(path)  # the staging folder of a running or interrupted build
     if not path.is_dir() and not path.is_file():  # a FIFO (whose open would block forever), a device, a socket
         raise CacheCorruptError(f"{path}: not a regular file nor a directory; not an elmo-cache store")
     for known in containers():
@@ -134,6 +175,7 @@ def detect(path: Path) -> str:
 
 def open_arrays(path: Path, names: tuple[str, ...]) -> tuple[str, Any, dict[str, Any]]:
     """``(format, raw metadata attribute, arrays)`` of the cache at ``path``, read by position where possible."""
+    path = readable_path(path)
     fmt = detect(path)
     raw, arrays = get_container(fmt).open_arrays(path, names)
     return fmt, raw, arrays
@@ -143,6 +185,7 @@ def open_cache_arrays(path: Path) -> tuple[str, Any, dict[str, Any], dict[str, A
     """``(format, raw metadata attribute, arrays, block sums)`` of the cache at ``path``: every array it may
     hold (:func:`elmo_cache.store.columns.cache_arrays`, the built-in ones and the optional ones its metadata
     names), read by position where possible, and each one's block sums; None where missing."""
+    path = readable_path(path)
     fmt = detect(path)
     container = get_container(fmt)
     names = cache_arrays(None)
@@ -151,7 +194,10 @@ def open_cache_arrays(path: Path) -> tuple[str, Any, dict[str, Any], dict[str, A
     # second opening for them, which caches without such columns never pay.
     extra = tuple(name for name in cache_arrays(decode_metadata(raw)) if name not in names)
     if extra:
-        arrays.update(container.open_arrays(path, with_block_sums(extra))[1])
+        again, more = container.open_arrays(path, with_block_sums(extra))
+        if again != raw:  # another cache was published at the path in between: open that one, whole
+            return open_cache_arrays(path)
+        arrays.update(more)
         names = (*names, *extra)
     sums = {name: arrays.pop(block_sums_name(name)) for name in names}
     return fmt, raw, arrays, sums
@@ -159,6 +205,7 @@ def open_cache_arrays(path: Path) -> tuple[str, Any, dict[str, Any], dict[str, A
 
 def open_with_library(path: Path) -> tuple[str, Any, dict[str, Any], Callable[[], None]]:
     """``(format, raw metadata, arrays, close)`` read by zarr-python or h5py (for ``verify``)."""
+    path = readable_path(path)
     if not path.exists():
         raise CacheNotFoundError(f"cache not found: {path}")
     found = _by_shape(path)

@@ -19,8 +19,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
+from elmo_cache.store.format import aside_path
 
-__all__ = ["RawColumn", "atomic_write_json", "fsync_path", "publish_directory"]
+__all__ = ["RawColumn", "atomic_write_json", "finish_interrupted_publish", "fsync_path", "publish_directory"]
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:
@@ -45,9 +46,14 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 def publish_directory(source: Path, target: Path) -> None:
     """Rename the finished directory ``source`` to ``target``. A ``target`` already there (the cache an update
-    replaces, ``build --update``) is swapped with ``source`` in one atomic step where the system can
-    (Linux's ``renameat2(RENAME_EXCHANGE)``: a reader opening ``target`` finds the old cache or the new one,
-    never nothing), then removed from ``source``; elsewhere it is renamed aside first (a moment without it)."""
+    replaces, ``build --update``) is swapped with ``source`` in one atomic step where the system can (Linux's
+    ``renameat2(RENAME_EXCHANGE)``: a reader opening ``target`` finds the old cache or the new one, never
+    nothing), then removed from ``source``.
+
+    Elsewhere it is renamed aside first (to :func:`~elmo_cache.store.format.aside_path`), then ``source`` takes its
+    name: for that moment nothing is at ``target``, and a reader that finds it so waits for the new cache, or reads
+    the old one aside (:func:`elmo_cache.store.readable_path`). A kill -9 in that moment leaves both, whole: the
+    next build finishes the publish (:func:`finish_interrupted_publish`)."""
     try:
         os.rename(source, target)
         fsync_path(target.parent, directory=True)
@@ -56,14 +62,28 @@ def publish_directory(source: Path, target: Path) -> None:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.is_dir():
             raise
     if not _exchange(source, target):
-        aside = target.with_name(target.name + ".replaced")
+        aside = aside_path(target)
         shutil.rmtree(aside, ignore_errors=True)
         os.rename(target, aside)
         os.rename(source, target)
         source = aside
     fsync_path(target.parent, directory=True)
-    # Left behind by a kill here, the old cache at ``source`` (a staging path) is removed by the next build.
+    # Left behind by a kill here, the old cache at ``source`` (a staging path, or the aside one) is removed by the
+    # next build.
     shutil.rmtree(source, ignore_errors=True)
+
+
+def finish_interrupted_publish(source: Path, target: Path) -> None:
+    """Finish a :func:`publish_directory` of ``source`` to ``target`` that a kill -9 cut between its two renames
+    (nothing at ``target``, the old cache aside): ``source``, the finished new cache, takes its name (or, were it
+    gone, the old cache goes back), and the old one aside is removed. Nothing to do for any other state."""
+    aside = aside_path(target)
+    if not aside.is_dir():
+        return
+    if not target.exists() and not target.is_symlink():
+        os.rename(source if source.is_dir() else aside, target)
+        fsync_path(target.parent, directory=True)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 _RENAME_EXCHANGE = 2

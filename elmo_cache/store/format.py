@@ -54,6 +54,8 @@ __all__ = [
     "TOKENIZATION",
     "SENTENCE_HASH",
     "STAGING_SUFFIX",
+    "REPLACED_SUFFIX",
+    "aside_path",
     "LOCK_SUFFIX",
     "BUILD_DIR",
     "PROGRESS_FILE",
@@ -193,6 +195,10 @@ SENTENCE_HASH = "blake2b-64-le"
 STAGING_SUFFIX = ".partial"
 """A build writes ``<output>.partial/`` and renames it (or the HDF5 file inside) to the output at the end."""
 
+REPLACED_SUFFIX = ".replaced"
+"""Where an update's publish renames the cache it replaces for a moment, where the system cannot swap two folders
+in one step (elmo_cache.store.durable.publish_directory); readers finding the cache missing look there."""
+
 LOCK_SUFFIX = ".lock"
 """A build holds an exclusive lock on ``<output>.lock`` from start to finish (elmo_cache.store.lock)."""
 
@@ -231,6 +237,11 @@ def metadata_checksum(meta: dict[str, Any]) -> int:
 def staging_path(output: Path) -> Path:
     """Where the build of ``output`` keeps its work until it is final."""
     return output.with_name(output.name + STAGING_SUFFIX)
+
+
+def aside_path(output: Path) -> Path:
+    """Where a publish by renames (:data:`REPLACED_SUFFIX`) keeps the cache at ``output`` it replaces, for a moment."""
+    return output.with_name(output.name + REPLACED_SUFFIX)
 
 
 def decode_metadata(raw: Any) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ import numpy as np
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
 from elmo_cache.progress import progress_bar
 from elmo_cache.rows.codecs import codec_of_metadata, nonfinite_rows, stored_row_shape
-from elmo_cache.store import open_cache_arrays, open_with_library
+from elmo_cache.store import open_cache_arrays, open_with_library, readable_path
 from elmo_cache.store.blocksums import sums_digest
 from elmo_cache.store.format import (
     FORMAT_VERSIONS,
@@ -66,8 +66,11 @@ def verify(
     only when ``path`` is missing or unreadable, or when a sample is asked for without a
     corpus or a usable model.
     """
-    path = Path(path)
-    report = VerifyReport(path)
+    report = VerifyReport(Path(path))
+    # In the moment of an update's publish by renames, the cache is read where it is (elmo_cache.store.readable_path).
+    path = readable_path(Path(path))
+    if path != report.path:
+        report.notes.append(f"{report.path} was being replaced by an update: checked the cache it replaces, at {path}")
     try:
         fmt, raw, arrays, close = open_with_library(path)
     except CacheFormatError as exc:

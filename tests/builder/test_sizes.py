@@ -39,11 +39,11 @@ def test_the_corpus_rule_caps_the_byte_rule_at_the_corpus_rounded_to_16_rows():
     # Past one chunk: equal chunks, each within the byte rule, padded by under 16 rows.
     assert [default_chunk_rows(BUNDLED_ROW_BYTES, n) for n in (1025, 2110, 3000, 4096)] == [528, 704, 1008, 1024]
     assert default_chunk_rows(BUNDLED_ROW_BYTES, 10**6) == 1024  # a large corpus keeps the byte rule
-    assert default_shard_rows(1024, BUNDLED_ROW_BYTES) == 85 * 1024  # 255 MiB: whole chunks within 256 MiB
+    assert default_shard_rows(1024, BUNDLED_ROW_BYTES) == 21 * 1024  # 63 MiB: whole chunks within 64 MiB
     assert default_shard_rows(16, BUNDLED_ROW_BYTES, 5) == 16  # one chunk's shard: an index of one entry
     assert default_shard_rows(608, BUNDLED_ROW_BYTES, 600) == 608
     assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 3000) == 3 * 1024
-    assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 10**9) == 85 * 1024
+    assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 10**9) == 21 * 1024
 
 
 def test_count_tokens_stops_past_its_limit_and_knows_no_pipe(tmp_path):
@@ -76,7 +76,7 @@ def test_a_corpus_past_a_few_default_chunks_keeps_the_byte_rules(tmp_path, bundl
         == (1024, default_shard_rows(1024, BUNDLED_ROW_BYTES))
         == (
             1024,
-            85 * 1024,
+            21 * 1024,
         )
     )
 

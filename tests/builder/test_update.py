@@ -4,6 +4,13 @@ windows that changed, and ends with the bytes a fresh build of the new corpus wr
 from __future__ import annotations
 
 import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,6 +23,7 @@ from elmo_cache.builder.encoding import WindowCutter
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import staging_path
+from elmo_cache.store.format import BUILD_DIR
 from elmo_cache.text.tokenize import sentence_hash, tokenize
 from elmo_cache.verify.checks import verify
 from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus
@@ -86,7 +94,9 @@ def comparable(meta: dict) -> dict:
     return meta
 
 
-def assert_same_bytes(updated: Path, fresh: Path) -> None:
+def assert_same_bytes(updated: Path, fresh: Path, *, build_folder_left: bool = False) -> None:
+    """Every stored byte of ``updated`` is ``fresh``'s but for the build's record. ``build_folder_left``: a publish
+    killed before the published cache's build folder went (the next build removes it) may leave that too."""
     meta_u, arrays_u = raw_arrays(updated)
     meta_f, arrays_f = raw_arrays(fresh)
     assert comparable(meta_u) == comparable(meta_f)
@@ -96,6 +106,8 @@ def assert_same_bytes(updated: Path, fresh: Path) -> None:
         assert arrays_u[name].tobytes() == want.tobytes(), name
     if updated.is_dir():  # zarr: every file, the vectors shards and checksums.json included
         files_u = {p.relative_to(updated): p.read_bytes() for p in updated.rglob("*") if p.is_file()}
+        if build_folder_left:
+            files_u = {name: data for name, data in files_u.items() if name.parts[0] != BUILD_DIR}
         files_f = {p.relative_to(fresh): p.read_bytes() for p in fresh.rglob("*") if p.is_file()}
         assert sorted(files_u) == sorted(files_f)
         for name in files_f:
@@ -331,3 +343,343 @@ def test_a_reader_opened_before_an_update_keeps_its_files_and_is_told_when_the_c
         reader[middle]
     with elmo_cache.open(output) as fresh_reader:  # opened again: the new cache, whole
         assert verify(output).ok and len(fresh_reader) == len(edited(old, "change"))
+
+
+# -- kill -9 at any moment of an update ---------------------------------------------------------------------------
+
+# The update runs in a child process that counts its calls of os.fsync and os.unlink and SIGKILLs itself at the
+# one KILL_AT names ("fsync:N", "unlink:N"): every step of an update that matters for a crash (a link, a commit,
+# the finish, the publish, the old cache's removal) syncs or removes something, so these counts walk its timeline
+# deterministically, whatever the machine's speed. Nothing of it is in the library: the child patches itself.
+_KILLABLE = """
+import atexit, os, signal, sys
+plan = os.environ.get("KILL_AT", "")
+counts = {"fsync": 0, "unlink": 0, "rename": 0}
+
+def counted(name, original):
+    target = int(plan.split(":")[1]) if plan.startswith(name + ":") else 0
+
+    def call(*args, **kwargs):
+        counts[name] += 1
+        if counts[name] == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    return call
+
+os.fsync = counted("fsync", os.fsync)
+os.unlink = counted("unlink", os.unlink)
+os.rename = counted("rename", os.rename)
+atexit.register(lambda: sys.stderr.write("CALLS fsync:%(fsync)d unlink:%(unlink)d rename:%(rename)d\\n" % counts))
+if os.environ.get("NO_EXCHANGE"):  # as a system without renameat2's exchange: the publish renames the cache aside
+    import elmo_cache.store.durable
+    elmo_cache.store.durable._exchange = lambda a, b: False
+from elmo_cache.cli.main import main
+main()
+"""
+
+
+def _update_command(corpus: Path, output: Path, model: tuple[Path, Path], extra: list[str]) -> list[str]:
+    sizes = ["--batch-tokens", str(SIZES["batch_tokens"]), "--window-batches", str(SIZES["window_batches"])]
+    return [
+        *(sys.executable, "-c", _KILLABLE, "build", str(corpus), "-o", str(output), "--update"),
+        *("--options-file", str(model[0]), "--weight-file", str(model[1]), *sizes),
+        *("--commit-seconds", "0", "--no-progress", "--device", "cpu", *extra),
+    ]
+
+
+def _run_update(command: list[str], kill_at: str = "", *, exchange: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT": kill_at, "NO_EXCHANGE": "" if exchange else "1"}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _calls(done: subprocess.CompletedProcess) -> dict[str, int]:
+    line = next(line for line in done.stderr.splitlines() if line.startswith("CALLS "))
+    return {name: int(count) for name, count in (part.split(":") for part in line.split()[1:])}
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    """Every stored byte of a cache: each file of a zarr directory, or the HDF5 file."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("suffix", "extra"),
+    [
+        # Small vectors files: the update links most of them (shared inodes with the old cache) and rewrites the rest.
+        (".zarr", ["--chunk-rows", "16", "--shard-rows", "256", "--pool", "mean"]),
+        (".h5", ["--fp16", "--dedupe"]),
+    ],
+)
+def test_kill_9_at_any_moment_of_an_update_leaves_a_whole_generation(tmp_path, tiny_model, suffix, extra):
+    """kill -9 anywhere in ``build --update`` (the encoding, the links, the commits, the finish, the swap, the old
+    cache's removal): the output is at every moment the previous cache, byte for byte, or the new one, whole, and
+    both verify; rerunning the update ends with the bytes of an update never interrupted."""
+    rng = random.Random(32)
+    old = corpus_lines(N, seed=31)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / f"c{suffix}"
+    build_command = [arg for arg in _update_command(corpus, output, tiny_model, extra) if arg != "--update"]
+    assert _run_update(build_command).returncode == 0
+    previous = tmp_path / f"previous{suffix}"
+    (shutil.copytree if output.is_dir() else shutil.copyfile)(output, previous)
+    previous_bytes = _files(previous)
+
+    write_corpus(corpus, edited(old, "append"))
+    command = _update_command(corpus, output, tiny_model, extra)
+    done = _run_update(command)
+    assert done.returncode == 0, done.stderr
+    total = _calls(done)
+    reference = tmp_path / f"reference{suffix}"
+    output.rename(reference)
+    assert verify(reference).ok
+
+    # Kill points spread over the whole update (one in each quarter of its fsyncs), the last fsync (the publish's,
+    # once the new cache is in place) and two removals near the end (the old cache being deleted).
+    spread = [f"fsync:{rng.randint(total['fsync'] * i // 4 + 1, total['fsync'] * (i + 1) // 4)}" for i in range(4)]
+    points = [*spread, f"fsync:{total['fsync']}", f"unlink:{total['unlink'] - 3}", f"unlink:{total['unlink']}"]
+    outcomes = []
+    for point in points:
+        shutil.rmtree(staging_path(output), ignore_errors=True)
+        shutil.rmtree(output) if output.is_dir() else output.unlink(missing_ok=True)
+        (shutil.copytree if previous.is_dir() else shutil.copyfile)(previous, output)
+        killed = _run_update(command, point)
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
+        # What a reader finds now: the previous cache, every byte as it was, or the new one, whole.
+        assert output.exists(), point
+        with elmo_cache.open(output) as cache:
+            n = len(cache)
+        if n == len(old):
+            assert _files(output) == previous_bytes, point
+            outcomes.append("previous")
+        else:
+            assert_same_bytes(output, reference, build_folder_left=True)
+            outcomes.append("new")
+        assert verify(output).ok, point
+        again = _run_update(command)
+        assert again.returncode == 0, (point, again.stderr)
+        assert_same_bytes(output, reference)
+        assert not staging_path(output).exists(), point
+    # The kills fell before and after the publish both.
+    assert "previous" in outcomes and "new" in outcomes, outcomes
+
+
+# -- readers opened before an update ------------------------------------------------------------------------------
+
+
+def _answers(cache, i: int, line: list[str]) -> tuple:
+    """Every kind of file a read of sentence ``i`` touches: offsets and lengths, the vectors, the stored tokens,
+    the index (a lookup by the line's tokens), the pooled vectors; the block sums guard each of them."""
+    return (
+        np.array(cache[i]).tobytes(),
+        tuple(cache.tokens(i)),
+        cache.find(line),
+        np.array(cache.sentence_vector(i)).tobytes(),
+    )
+
+
+def _generations(tmp_path: Path, tiny_encoder, suffix: str, **extra) -> tuple[Path, Path, list[list[str]]]:
+    """An old cache at ``c<suffix>`` and, at ``new<suffix>``, the cache an update of it to the same lines in
+    another order publishes: every file differs while every array keeps its shape, so a read that mixed the two
+    could pass any size check."""
+    from elmo_cache.text.tokenize import tokenize
+
+    old = [line for line in corpus_lines(N, seed=41) if line.strip()]
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / f"c{suffix}"
+    options = {**SIZES, "progress": False, "pool": "mean", **extra}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    shuffled = old[N // 3 :] + old[: N // 3]
+    new = tmp_path / f"new{suffix}"
+    write_corpus(tmp_path / "d.txt", shuffled)
+    build(tmp_path / "d.txt", BuildOptions(output=new, **options), encoder=tiny_encoder)
+    return output, new, [tokenize(line) for line in old]
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_zarr_reader_never_reads_the_new_cache_even_when_a_publish_races_its_opening(
+    tmp_path, tiny_encoder, compression, monkeypatch
+):
+    """The swap lands between the reader's check of its folder and its opening of a file (the worst moment): every
+    answer afterwards is the old cache's or a CacheReplacedError, for every kind of file; none is the new cache's.
+    (Compressed arrays are read by zarr through their paths: the same holds.)"""
+    from elmo_cache.errors import CacheReplacedError
+    from elmo_cache.store.durable import publish_directory
+    from elmo_cache.store.zarr import maps
+
+    output, new, lines = _generations(
+        tmp_path, tiny_encoder, ".zarr", chunk_rows=16, shard_rows=64, compression=compression
+    )
+    previous = tmp_path / "previous.zarr"
+    shutil.copytree(output, previous)
+    with elmo_cache.open(previous) as old_cache:
+        expected = [_answers(old_cache, i, line) for i, line in enumerate(lines)]
+    reader = elmo_cache.open(output)
+    assert _answers(reader, 0, lines[0]) == expected[0]  # some files opened before
+
+    published = []
+    real_open = maps._open_file
+
+    def open_after_a_publish(path, array, c):
+        if not published:  # the update publishes now, after the reader decided to open this file
+            publish_directory(new, output)
+            published.append(path)
+        return real_open(path, array, c)
+
+    monkeypatch.setattr(maps, "_open_file", open_after_a_publish)
+    replaced = same = 0
+    for i, line in enumerate(lines):
+        try:
+            answer = _answers(reader, i, line)
+        except CacheReplacedError as exc:
+            assert "open the cache again" in str(exc)
+            replaced += 1
+            continue
+        assert answer == expected[i], i
+        same += 1
+    assert published and replaced and same, (published, replaced, same)
+    monkeypatch.undo()
+    with elmo_cache.open(output) as fresh:  # opened again: the new cache, whole
+        assert fresh.tokens(0) == lines[N // 3]
+        assert verify(output).ok
+
+
+def test_a_zarr_open_that_a_publish_interrupts_is_done_again(tmp_path, tiny_encoder, monkeypatch):
+    """The metadata and the arrays' descriptions are read one after another: a publish between them must not pair
+    the old cache's metadata with the new cache's arrays. The open sees the folder change and opens again."""
+    from elmo_cache.store.durable import publish_directory
+    from elmo_cache.store.zarr import read
+
+    output, new, lines = _generations(tmp_path, tiny_encoder, ".zarr", chunk_rows=16, shard_rows=64)
+    with elmo_cache.open(new) as new_cache:
+        expected = [_answers(new_cache, i, line) for i, line in [(0, lines[N // 3]), (N // 2, lines[0])]]
+    real = read._open_array
+
+    def publish_midway(root, name):
+        if name == "offsets" and new.exists():
+            publish_directory(new, output)
+        return real(root, name)
+
+    monkeypatch.setattr(read, "_open_array", publish_midway)
+    with elmo_cache.open(output) as cache:
+        assert not new.exists()  # it was published during this open
+        assert [_answers(cache, i, line) for i, line in [(0, lines[N // 3]), (N // 2, lines[0])]] == expected
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_cache_handed_to_a_worker_after_an_update_is_refused(tmp_path, tiny_encoder, suffix):
+    """A cache pickles as its path (DataLoader workers reopen it): a worker that would reopen another cache than
+    the one its parent indexed says so instead of reading other rows under the same numbers."""
+    import pickle
+
+    from elmo_cache.errors import CacheReplacedError
+    from elmo_cache.store.durable import publish_directory
+
+    output, new, _ = _generations(tmp_path, tiny_encoder, suffix)
+    reader = elmo_cache.open(output)
+    assert len(pickle.loads(pickle.dumps(reader))) == len(reader)  # the same cache: reopened
+    handed = pickle.dumps(reader)
+    publish_directory(new, output) if suffix == ".zarr" else os.replace(new, output)
+    with pytest.raises(CacheReplacedError, match="replaced .* hand it over again"):
+        pickle.loads(handed)
+    assert len(pickle.loads(pickle.dumps(elmo_cache.open(output)))) == len(reader)
+
+
+def test_an_hdf5_reader_opened_before_an_update_keeps_the_whole_old_cache(tmp_path, tiny_encoder):
+    """An HDF5 update replaces the file by a rename: a reader (ours, or h5py's) holds the old file open, so every
+    answer stays the old cache's after the update, the files it had not read yet included."""
+    import h5py
+
+    output, new, lines = _generations(tmp_path, tiny_encoder, ".h5", fp16=True)
+    previous = tmp_path / "previous.h5"
+    shutil.copyfile(output, previous)
+    with elmo_cache.open(previous) as old_cache:
+        expected = [_answers(old_cache, i, line) for i, line in enumerate(lines)]
+    with h5py.File(previous, "r") as f:
+        old_datasets = {name: f[name][...] for name in f if isinstance(f[name], h5py.Dataset)}
+    reader = elmo_cache.open(output)  # nothing read yet
+    library = h5py.File(output, "r")
+    os.replace(new, output)  # what an update's publish does
+    assert [_answers(reader, i, line) for i, line in enumerate(lines)] == expected
+    for name, values in old_datasets.items():
+        np.testing.assert_array_equal(library[name][...], values)
+    library.close()
+    with elmo_cache.open(output) as fresh:  # opened again: the new one
+        assert fresh.tokens(0) == lines[N // 3]
+
+
+# -- the publish where folders cannot be swapped (renamed aside: a moment without a cache at the path) ---------------
+
+
+@pytest.mark.slow
+def test_an_update_killed_between_the_renames_of_its_publish_leaves_the_old_cache_readable(tmp_path, tiny_model):
+    """Where renameat2's exchange is missing, the publish renames the old cache aside, then the new one in. A kill
+    -9 between the two: a reader of the path reads the old cache (aside, every byte as it was), verify passes, and
+    the rerun finishes the publish with the bytes of an update never interrupted, leaving nothing aside."""
+    from elmo_cache.store.format import aside_path
+
+    old = corpus_lines(N // 2, seed=51)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    extra = ["--chunk-rows", "16", "--shard-rows", "64"]
+    build_command = [arg for arg in _update_command(corpus, output, tiny_model, extra) if arg != "--update"]
+    assert _run_update(build_command).returncode == 0
+    previous_bytes = _files(output)
+    shutil.copytree(output, tmp_path / "previous.zarr")
+    write_corpus(corpus, edited(old, "change"))
+    command = _update_command(corpus, output, tiny_model, extra)
+    done = _run_update(command, exchange=False)
+    assert done.returncode == 0, done.stderr
+    reference = tmp_path / "reference.zarr"
+    output.rename(reference)
+    shutil.copytree(tmp_path / "previous.zarr", output)
+
+    # The last rename of the update is the new cache's into the path (the old one went aside just before).
+    killed = _run_update(command, f"rename:{_calls(done)['rename']}", exchange=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not output.exists() and aside_path(output).is_dir() and staging_path(output).is_dir()
+    with elmo_cache.open(output) as cache:  # waits a moment for the new cache, then reads the old one aside
+        assert len(cache) == len(old) and cache.tokens(1) == old[1].split()
+    assert _files(aside_path(output)) == previous_bytes
+    assert verify(output).ok
+
+    again = _run_update(command, exchange=False)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do" in again.stderr + again.stdout  # the publish finished; the cache was the new corpus's
+    assert not aside_path(output).exists() and not staging_path(output).exists()
+    assert_same_bytes(output, reference)
+
+
+def test_a_reader_in_the_moment_of_a_publish_by_renames_waits_for_the_new_cache(tmp_path, tiny_encoder, monkeypatch):
+    """A reader that opens the path while a live publish has the old cache aside and the new one not yet in place
+    waits for the new one (the two renames are moments apart) rather than failing: never a missing cache."""
+    import threading
+
+    from elmo_cache.store import durable
+    from elmo_cache.store.format import aside_path
+
+    output, new, lines = _generations(tmp_path, tiny_encoder, ".zarr", chunk_rows=16, shard_rows=64)
+    with elmo_cache.open(new) as new_cache:
+        expected = _answers(new_cache, 0, lines[N // 3])
+    monkeypatch.setattr(durable, "_exchange", lambda a, b: False)
+    real_rename, opened = os.rename, []
+
+    def rename(source, target):
+        real_rename(source, target)
+        if Path(target) == aside_path(output):  # the old cache is aside: a reader comes now, the publish stalls
+            reader = threading.Thread(target=lambda: opened.append(elmo_cache.open(output)))
+            reader.start()
+            time.sleep(0.3)
+            assert reader.is_alive()  # waiting, not failed
+            opened.append(reader)
+
+    monkeypatch.setattr(durable.os, "rename", rename)
+    durable.publish_directory(new, output)
+    monkeypatch.undo()
+    opened[0].join(timeout=10)
+    cache = opened[1]
+    assert _answers(cache, 0, lines[N // 3]) == expected
+    assert not aside_path(output).exists() and verify(output).ok

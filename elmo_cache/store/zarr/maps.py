@@ -23,7 +23,7 @@ from elmo_cache.errors import CacheCorruptError, CacheFormatError, CacheReplaced
 from elmo_cache.store.chunked import ChunkedArray
 from elmo_cache.store.positioned import OpenFile, PositionedRows
 
-__all__ = ["DecodedChunks", "RawChunks", "RawShards"]
+__all__ = ["DecodedChunks", "RawChunks", "RawShards", "folder_identity"]
 
 # zarr's sharding codec marks an inner chunk that is not in the shard file with this offset and size.
 ABSENT_CHUNK = 2**64 - 1
@@ -40,12 +40,36 @@ def _max_open_files() -> int:
     return max(8, 1024 if soft == resource.RLIM_INFINITY else soft // 8)
 
 
-def _folder_identity(directory: Path) -> tuple[int, int] | None:
+def folder_identity(directory: Path | str) -> tuple[int, int] | None:
     try:
         st = os.stat(directory)
     except OSError:
         return None  # gone: the files' own opening says so
     return st.st_dev, st.st_ino
+
+
+class _Generation:
+    """The array folder a reader opened, and whether a path it opens now still leads there.
+
+    An update publishes a new cache by swapping whole folders (or, where the system cannot swap, by renaming the old
+    one aside first), then deletes the old one, so a file opened by its path after that is the new cache's. The
+    folder is compared once a file is open, not only before: a file whose path was resolved through another folder
+    than the one opened is refused, however the opening and the swap interleave (the old folder's inode cannot come
+    back under the name: it is deleted after the swap)."""
+
+    def __init__(self, directory: Path | str):
+        self.directory = directory
+        self.identity = folder_identity(directory)
+
+    def moved_on(self) -> bool:
+        """Whether the folder at the path is no longer (or no more) the one opened."""
+        return self.identity is not None and folder_identity(self.directory) != self.identity
+
+    def error(self, what: str) -> CacheReplacedError:
+        return CacheReplacedError(
+            f"{self.directory}: the cache was replaced after this reader opened it (build --update or a rebuild "
+            f"published a new one there, or it was removed), so {what} would be the new cache's; open the cache again"
+        )
 
 
 def _open_file(path: str, array: ChunkedArray, c: int) -> int | None:
@@ -106,9 +130,9 @@ class _RawFiles(PositionedRows):
         self._max_files = _max_open_files()
         # Each file's identity when first opened, and whether it held raw rows (then it is not checked again).
         self._known: dict[int, tuple[tuple[int, ...], bool]] = {}
-        # The folder's identity as opened: an update publishes a new cache by swapping folders, after which files
-        # first opened here would be the new cache's (see _open).
-        self._folder = _folder_identity(directory)
+        # The folder as opened: an update publishes a new cache by swapping folders, after which files first opened
+        # here would be the new cache's (see _open).
+        self._folder = _Generation(directory)
 
     def _block_rows(self, c: int) -> int:
         raise NotImplementedError
@@ -130,13 +154,16 @@ class _RawFiles(PositionedRows):
         if not 0 <= c < self.n_chunks:
             raise IndexError(f"file {c} out of range for array {self.name!r}")
         path = os.path.join(self._directory, self._key(c, self.ndim))  # not pathlib: this runs per reopen
-        folder = _folder_identity(self._directory)
-        if folder is not None and self._folder is not None and folder != self._folder:
-            raise CacheReplacedError(
-                f"{self._directory}: the cache was replaced after this reader opened it (build --update or a rebuild "
-                f"published a new one there), so {self._what(c)} would be the new cache's; open the cache again"
-            )
-        fd = _open_file(path, self, c)
+        try:
+            fd = _open_file(path, self, c)
+        except CacheCorruptError:
+            if self._folder.moved_on():  # missing because the cache it belonged to went
+                raise self._folder.error(self._what(c)) from None
+            raise
+        if self._folder.moved_on():  # opened through the new cache's folder: never read
+            if fd is not None:
+                os.close(fd)
+            raise self._folder.error(self._what(c))
         source: tuple[OpenFile, int] | np.ndarray
         if fd is None:  # only in an unfinished cache opened with allow_incomplete: the fill value, as zarr says
             source = np.broadcast_to(np.asarray(self._fill_value, dtype=self.dtype), (self._block_rows(c), *self._tail))
@@ -293,10 +320,13 @@ class DecodedChunks(ChunkedArray):
         chunk_rows: int,
         array: Any,
         file_of: Callable[[int], tuple[int, str]] | None = None,
+        directory: Path | None = None,
     ):
         super().__init__(name, shape, dtype, chunk_rows)
         self._array = array
         self._file_of = file_of  # (file number, path) holding chunk c: checked before zarr reads it
+        # zarr reads the chunk by its path: a read done through another folder than the one opened is not used.
+        self._folder = _Generation(directory) if directory is not None else None
         row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         self._max_chunks = max(2, _DECODED_CACHE_BYTES // max(1, row_bytes * self.chunk_rows))
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -307,18 +337,25 @@ class DecodedChunks(ChunkedArray):
             self._decoded.move_to_end(c)
             return block
         where = self.name
-        if self._file_of is not None:  # zarr would read an absent file as zeros, and block on a FIFO
-            k, where = self._file_of(c)
-            fd = _open_file(where, self, k)
-            if fd is not None:
-                os.close(fd)
+        folder = self._folder
         try:
+            if self._file_of is not None:  # zarr would read an absent file as zeros, and block on a FIFO
+                k, where = self._file_of(c)
+                fd = _open_file(where, self, k)
+                if fd is not None:
+                    os.close(fd)
             block = np.asarray(self._array[c * self.chunk_rows : (c + 1) * self.chunk_rows])
         except Exception as exc:  # zarr and its codecs raise many types for a truncated or damaged chunk
+            if folder is not None and folder.moved_on():
+                raise folder.error(f"chunk {c} of array {self.name!r}") from None
+            if isinstance(exc, CacheCorruptError):
+                raise
             raise CacheCorruptError(
                 f"{where}: zarr cannot decode chunk {c} of array {self.name!r} ({type(exc).__name__}: {exc}); "
                 "the file was truncated, replaced or damaged: run `elmo-cache verify` on the cache"
             ) from None
+        if folder is not None and folder.moved_on():
+            raise folder.error(f"chunk {c} of array {self.name!r}")
         block.setflags(write=False)
         self._decoded[c] = block
         if len(self._decoded) > self._max_chunks:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.errors import CacheFormatError
+from elmo_cache.errors import CacheFormatError, CacheReplacedError
 from elmo_cache.store.chunked import ChunkedArray
 from elmo_cache.store.columns import cache_arrays, optional_arrays
 from elmo_cache.store.format import META_KEY, ZARR_JSON, decode_metadata
-from elmo_cache.store.zarr.maps import DecodedChunks, RawChunks, RawShards
+from elmo_cache.store.zarr.maps import DecodedChunks, RawChunks, RawShards, folder_identity
 
 __all__ = ["is_store", "read_metadata", "read_json", "open_arrays", "open_with_library"]
 
@@ -137,7 +137,7 @@ def _open_array(root: Path, name: str) -> ChunkedArray | None:
         k = c // per_file
         return k, os.path.join(directory, key(k, len(shape)))
 
-    return DecodedChunks(name, shape, array.dtype, rows, array, file_of if per_file else None)
+    return DecodedChunks(name, shape, array.dtype, rows, array, file_of if per_file else None, directory)
 
 
 def _raw_bytes(codecs: list[dict[str, Any]]) -> str | None:
@@ -147,15 +147,32 @@ def _raw_bytes(codecs: list[dict[str, Any]]) -> str | None:
     return "<" if (codecs[0].get("configuration") or {}).get("endian", "little") == "little" else ">"
 
 
+# Tries of an open that a publish interrupted (each such open is a few milliseconds; updates are minutes apart).
+_OPEN_TRIES = 5
+
+
 def open_arrays(root: Path, names: tuple[str, ...]) -> tuple[Any, dict[str, ChunkedArray | None]]:
-    """Raw metadata attribute and the arrays ``names`` (None where missing) of a zarr cache."""
-    group = read_json(root / ZARR_JSON, "the root group")
-    if group.get("node_type") != "group":
-        raise CacheFormatError(
-            f"{root}: zarr.json describes a {group.get('node_type')!r}, not a group; not an elmo-cache store"
-        )
-    attributes = group.get("attributes") or {}
-    return attributes.get(META_KEY), {name: _open_array(root, name) for name in names}
+    """Raw metadata attribute and the arrays ``names`` (None where missing) of a zarr cache.
+
+    The metadata and each array's ``zarr.json`` are read by path, one after another: an update published meanwhile
+    (its folder swapped in under ``root``) would pair the old cache's metadata with the new cache's arrays. So the
+    folder at ``root`` must be the same one before and after; an open that saw it change is done again (the cache
+    published is whole), and one that never sees it settle is a :class:`CacheReplacedError`."""
+    for _ in range(_OPEN_TRIES):
+        before = folder_identity(root)
+        group = read_json(root / ZARR_JSON, "the root group")
+        if group.get("node_type") != "group":
+            raise CacheFormatError(
+                f"{root}: zarr.json describes a {group.get('node_type')!r}, not a group; not an elmo-cache store"
+            )
+        attributes = group.get("attributes") or {}
+        arrays = {name: _open_array(root, name) for name in names}
+        if before is not None and folder_identity(root) == before:
+            return attributes.get(META_KEY), arrays
+    raise CacheReplacedError(
+        f"{root}: the cache was replaced {_OPEN_TRIES} times while it was being opened (build --update publishing "
+        "again and again?); open it once that settles"
+    )
 
 
 def open_with_library(path: Path) -> tuple[Any, dict[str, Any], Callable[[], None]]:

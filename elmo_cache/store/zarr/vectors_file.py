@@ -2,7 +2,7 @@
 
 :func:`elmo_cache.store.zarr.write_vectors_file` takes a file's rows as one array: a writer that gets its
 rows window by window (a distributed build's part, the driver stitching fragments) would have to gather
-up to a whole file, 256 MiB by default, before writing it. :class:`VectorsFileStream` spools the rows to
+up to a whole file, 64 MiB by default, before writing it. :class:`VectorsFileStream` spools the rows to
 a temporary file in the build folder instead, summing them as they pass, and at :meth:`finish` turns it
 into the same file, byte for byte, that ``write_vectors_file`` writes: for an uncompressed layout by
 appending the padding and the shard index (the rows are not read back); for a compressed one zarr must
