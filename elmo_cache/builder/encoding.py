@@ -58,9 +58,10 @@ def is_cut_point(sentence_hash: int, cost: int, span: int) -> bool:
     return sentence_hash % span < cost
 
 
-def default_batch_tokens(options: BuildOptions, device_type: str) -> int:
-    """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type."""
-    return options.batch_tokens or batch_tokens_for(device_type)
+def default_batch_tokens(options: BuildOptions, device_type: str, model_format: str | None = None) -> int:
+    """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type for a model of
+    ``model_format`` (``identity["options"]["format"]``; None: ELMo)."""
+    return options.batch_tokens or batch_tokens_for(device_type, model_format)
 
 
 def windows_entry(batch_tokens: int, window_batches: int) -> dict[str, int | str]:

@@ -10,7 +10,14 @@ import re
 
 from elmo_cache.errors import InvalidParameterError
 
-__all__ = ["PRECISION_NAMES", "BATCH_TOKENS", "batch_tokens_for", "check_precision_name", "check_device_name"]
+__all__ = [
+    "PRECISION_NAMES",
+    "BATCH_TOKENS",
+    "FORMAT_BATCH_TOKENS",
+    "batch_tokens_for",
+    "check_precision_name",
+    "check_device_name",
+]
 
 PRECISION_NAMES = ("fp32", "bf16", "fp16")
 """The encoder's arithmetic: IEEE float32, bfloat16 or float16."""
@@ -21,9 +28,17 @@ BATCH_TOKENS = {"cpu": 8192, "cuda": 32768}
 lease"). The encoder's and the build's default alike."""
 
 
-def batch_tokens_for(device_type: str) -> int:
-    """:data:`BATCH_TOKENS` of ``device_type`` (the CPU's for any other)."""
-    return BATCH_TOKENS.get(device_type, BATCH_TOKENS["cpu"])
+FORMAT_BATCH_TOKENS = {"transformers": {"cpu": 1024, "cuda": 32768}}
+"""The same for models whose format (:mod:`elmo_cache.model.formats`) batches best otherwise. A Transformer on a CPU:
+sub-batches of ~1,000 words keep a block's activations in the caches; BERT-mini on this project's 2-core EPYC took
+1.87-1.96 s for 18,942 words at 1,024 against 3.7 s at 8,192 (benchmarks/RESULTS.md, "Transformer encoders")."""
+
+
+def batch_tokens_for(device_type: str, model_format: str | None = None) -> int:
+    """Tokens per batch when none is asked for, for a model of ``model_format`` (None: ELMo's) on ``device_type``
+    (the CPU's for any other type): :data:`FORMAT_BATCH_TOKENS`, else :data:`BATCH_TOKENS`."""
+    table = FORMAT_BATCH_TOKENS.get(model_format or "", BATCH_TOKENS)
+    return table.get(device_type, table["cpu"])
 
 
 _DEVICE = re.compile(r"(cpu|cuda)(:[0-9]+)?")

@@ -20,6 +20,7 @@ import torch
 
 from elmo_cache.encoder.encoder import Encoder, validate_sentences
 from elmo_cache.encoder.hardware import check_precision
+from elmo_cache.encoder.names import batch_tokens_for
 from elmo_cache.encoder.transfer import to_device
 from elmo_cache.encoder.windows import plan_windows
 from elmo_cache.errors import InvalidParameterError
@@ -105,6 +106,11 @@ class TransformerEncoder(Encoder):
             f"TransformerEncoder(name={self.name!r}, layers={self.n_layers}, dim={self.output_dim}, "
             f"device={str(self.device)!r}, precision={self.precision!r}, subword={self.subword!r})"
         )
+
+    @property
+    def default_batch_tokens(self) -> int:
+        """Tokens per sub-batch when none is asked for: smaller than ELMo's on a CPU (names.FORMAT_BATCH_TOKENS)."""
+        return batch_tokens_for(self.device.type, transformer.FORMAT)
 
     def clear_word_cache(self) -> None:
         """Nothing to clear: a Transformer has no per-word cache."""

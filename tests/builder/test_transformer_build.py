@@ -14,7 +14,9 @@ pytest.importorskip("transformers")
 import elmo_cache
 from elmo_cache import Encoder
 from elmo_cache.builder import BuildOptions, build
+from elmo_cache.encoder.names import BATCH_TOKENS, FORMAT_BATCH_TOKENS
 from elmo_cache.errors import InvalidParameterError
+from elmo_cache.model import transformer
 from elmo_cache.verify.checks import verify
 from tests._build_fixtures import write_corpus
 
@@ -63,6 +65,10 @@ def test_build_stores_every_layer_exactly_and_verify_re_encodes(spec, encoder, c
         np.testing.assert_allclose(np.asarray(cache[i]), want, atol=1e-6, rtol=0)
     report = verify(output, sample=len(LINES), corpus=corpus)
     assert report.ok, report
+    # Batched as a Transformer batches best on a CPU, not as ELMo does (and the encoder's own default agrees).
+    cpu_batch = FORMAT_BATCH_TOKENS[transformer.FORMAT]["cpu"]
+    assert cpu_batch < BATCH_TOKENS["cpu"] and encoder.default_batch_tokens == cpu_batch
+    assert meta["windows"]["batch_tokens"] == cpu_batch
 
 
 def test_layers_mix_fp16_int8_and_pool_only(spec, encoder, corpus, tmp_path):
