@@ -155,6 +155,25 @@ def test_a_window_put_together_on_the_gpu_stores_what_the_host_path_stores(tmp_p
     assert_same_cache(on_device, on_host)
 
 
+def test_a_transformer_on_the_gpu_gives_what_the_cpu_gives(tiny_transformers):
+    """Every family's word-aligned layers on CUDA (fp32) against the CPU's, a sentence longer than the model's
+    positions included (several windows)."""
+    lines = [
+        "the cat sat on the mat .",
+        "Hello , world !",
+        "the committee met on tuesday to discuss the new budget and officials said the plan would be published "
+        "later this year , said the quick brown fox over the lazy dog",
+    ]
+    sentences = [tokenize(line) for line in lines]
+    for family, directory in sorted(tiny_transformers.items()):
+        on_gpu = Encoder.load(f"hf:{directory},subword=mean", device="cuda")
+        on_cpu = Encoder.load(f"hf:{directory},subword=mean", device="cpu")
+        assert on_gpu.identity["options"] == on_cpu.identity["options"], family
+        for a, b in zip(on_gpu.embed_batch(sentences), on_cpu.embed_batch(sentences), strict=True):
+            assert a.shape == b.shape == (on_cpu.n_layers, b.shape[1], on_cpu.output_dim), family
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0, err_msg=family)
+
+
 def test_server_encodes_unseen_sentences_on_the_gpu(tiny_model):
     on_gpu = Encoder.load(tiny_model, device="cuda")
     on_cpu = Encoder.load(tiny_model, device="cpu")
