@@ -40,15 +40,15 @@ def _load_settings() -> Any:
     return load_settings
 
 
-def _server_modules() -> tuple[Any, tuple[Any, Any]]:
+def _server_modules() -> tuple[Any, tuple[Any, Any, Any]]:
     """uvicorn and the server's entry points, imported only here so that nothing else needs them."""
     try:
         import uvicorn
 
-        from elmo_cache.server.app import create_app, load_resources
+        from elmo_cache.server.app import check_openai_mix, create_app, load_resources
     except ImportError as exc:
         raise _missing_extra(exc) from None
-    return uvicorn, (create_app, load_resources)
+    return uvicorn, (create_app, load_resources, check_openai_mix)
 
 
 @click.command("serve")
@@ -169,8 +169,9 @@ def serve_command(cache: Path | None, **flags: Any) -> None:
     flags["cors_origins"] = list(flags["cors_origins"]) or None  # no flag: the environment's, else none
     settings = _load_settings()(cache_path=cache, **flags)  # a clear error without the server extra
     settings.check_something_to_serve()
-    _, (_, load_resources) = _server_modules()
+    _, (_, load_resources, check_openai_mix) = _server_modules()
     encoder, store = load_resources(settings)
+    check_openai_mix(settings, encoder, store)
     writeback = None
     if settings.write_back:
         from elmo_cache.server.writeback import WriteBack
@@ -209,7 +210,7 @@ def run_server(
     read stuck in a pool thread (a dead disk) does not hold the process: the pool's threads are
     daemons, and the cache is then left open rather than closed under it.
     """
-    uvicorn, (create_app, _) = _server_modules()
+    uvicorn, (create_app, _, _) = _server_modules()
     from elmo_cache.server.shutdown import DrainingServer
 
     app = create_app(settings, encoder=encoder, cache=cache, writeback=writeback)

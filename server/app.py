@@ -22,6 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from elmo_cache.errors import InvalidParameterError
 from elmo_cache.model import sources
 from elmo_cache.model.identity import model_differences
+from elmo_cache.rows.selection import Selection
 from elmo_cache.server.batcher import LiveBatcher
 from elmo_cache.server.deps import require_api_key
 from elmo_cache.server.errors import HANDLED, error_handler
@@ -36,7 +37,7 @@ from elmo_cache.server.middleware import (
     TimingMiddleware,
 )
 from elmo_cache.server.routers import docs, embed, embeddings, health, info, metrics
-from elmo_cache.server.service import EmbedService
+from elmo_cache.server.service import EmbedService, served_layers
 from elmo_cache.server.settings import NOTHING_TO_SERVE, Settings, load_settings
 from elmo_cache.server.workers import ReadPool
 from elmo_cache.server.writeback import WriteBack, check_write_back
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
     from elmo_cache.reader.cache import Cache
 
-__all__ = ["create_app", "load_resources", "check_compatible"]
+__all__ = ["create_app", "load_resources", "check_compatible", "check_openai_mix"]
 
 _log = logging.getLogger("elmo_cache.server")
 
@@ -79,6 +80,21 @@ def check_compatible(cache: Cache, encoder: Encoder) -> None:
         raise InvalidParameterError(
             f"model: the cache holds {dim}-wide vectors but the model produces {encoder.output_dim}-wide ones"
         )
+
+
+def check_openai_mix(settings: Settings, encoder: Encoder | None, cache: Cache | None) -> None:
+    """Refuse an ``openai_mix`` this server cannot pool: one weight per layer of its model (ELMo's 3, a Transformer's
+    L + 1), and of layers its cache holds when no model is loaded. The settings check only that it is numbers: the
+    count needs the model (``serve`` checks before it listens, :func:`create_app` as it starts)."""
+    if settings.openai_mix is None:
+        return
+    try:
+        selection = Selection.parse(None, settings.openai_mix, None, False, n_layers=served_layers(encoder, cache))
+        stored = Selection.from_metadata(cache.metadata) if cache is not None else None
+        if encoder is None and stored is not None and selection is not None and not selection.answerable_from(stored):
+            raise InvalidParameterError(selection.unavailable_message(stored))
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"openai_mix (ELMO_CACHE_OPENAI_MIX): {exc}") from None
 
 
 def load_resources(
@@ -181,6 +197,7 @@ def create_app(
             writeback=kept,
         )
         try:
+            check_openai_mix(settings, loaded_encoder, loaded_cache)
             yield
         finally:
             app.state.service = None

@@ -123,6 +123,13 @@ def _tokenization(cache: Any, encoder: Any) -> str:
     return PTB if (getattr(encoder, "identity", None) or {}).get("name") == BUNDLED else WHITESPACE
 
 
+def served_layers(encoder: Encoder | None, cache: Any) -> int:
+    """How many layers the served model gives (ELMo's 3, a Transformer's L + 1): the live encoder's, else the
+    model that built the cache."""
+    built_with = encoder.identity if encoder is not None else (cache.metadata if cache is not None else {}).get("model")
+    return identity_layers(built_with)
+
+
 class EmbedService:
     """Answers embedding requests from a cache and/or a live encoder (see the module docstring)."""
 
@@ -173,10 +180,7 @@ class EmbedService:
             self.dtype = np.dtype(np.float32)
             self.dim = int(encoder.output_dim)
         # How many layers the model gives (ELMo's 3, a Transformer's L + 1): what layers and mix are checked against.
-        built_with = (
-            encoder.identity if encoder is not None else (cache.metadata if cache is not None else {}).get("model")
-        )
-        self.n_layers = identity_layers(built_with)
+        self.n_layers = served_layers(encoder, cache)
         # Without layers and mix a request gets what the cache stores (all layers without a cache).
         self.default_selection = self.stored or Selection(layers=tuple(range(self.n_layers)))
 

@@ -79,12 +79,15 @@ class Settings(BaseSettings):
     # cgroup quota), so a server in a CPU-limited container does not oversubscribe it.
     threads: int | None = Field(None, ge=1, description="CPU threads of the encoder; default: the usable CPUs")
     # POST /v1/embeddings (elmo_cache.server.openai_compat): the pool over a text's tokens, and the mix of the
-    # layers it pools ("s0,s1,s2"); None: the average of the layers the cache stores (a mixed cache's own mix).
+    # layers it pools ("s0,s1,s2" for ELMo, L + 1 weights for a Transformer); None: the average of the layers the
+    # cache stores (a mixed cache's own mix).
     openai_pool: Literal["mean", "max", "first-last"] = Field(
         "mean", description="pool of POST /v1/embeddings over a text's tokens"
     )
     openai_mix: str | None = Field(
-        None, description="layer weights s0,s1,s2 that POST /v1/embeddings pools; default: the stored layers' average"
+        None,
+        description="layer weights s0,s1,... (one per layer of the model) that POST /v1/embeddings pools; default: "
+        "the stored layers' average",
     )
     # Browsers may call the API from these origins (CORS); empty: no CORS headers, browsers' same-origin rule
     # stands. "*" allows any origin (then credentials are not allowed, as the CORS specification requires).
@@ -111,8 +114,8 @@ class Settings(BaseSettings):
         if value is not None:
             from elmo_cache.rows.selection import MixSpec
 
-            try:
-                MixSpec.from_raw(value)
+            try:  # numbers here; one per layer of the model is checked once the model is known (create_app)
+                MixSpec.from_raw(value, n_layers=len(value.split(",")))
             except InvalidParameterError as exc:
                 raise ValueError(str(exc).removeprefix("mix: ")) from None
         return value

@@ -158,6 +158,26 @@ def test_server_encodes_misses_live_with_the_recorded_model(spec, encoder, corpu
     )
     assert bad.status_code == 422 and "choose from [0, 1, 2, 3]" in bad.json()["error"]["message"]
     assert mix.status_code == 422 and "expected 4 numbers" in mix.json()["error"]["message"]
+
+    # POST /v1/embeddings pools a mix of the model's L + 1 layers; a mix of ELMo's three is refused as serve starts.
+    app = create_app(Settings(cache_path=cache, device="cpu", openai_mix="0,1,0,1"))
+
+    async def embeddings(client):
+        return await client.post("/v1/embeddings", json={"input": LINES[0]})
+
+    response = run(app, embeddings)
+    assert response.status_code == 200, response.text
+    layers = encoder.embed_sentence(LINES[0].split())
+    np.testing.assert_allclose(
+        response.json()["data"][0]["embedding"], (layers[1] + layers[3]).mean(axis=0), atol=1e-5, rtol=0
+    )
+    from click.testing import CliRunner
+
+    from elmo_cache.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["serve", str(cache), "--device", "cpu", "--openai-mix", "1,1,1"])
+    assert result.exit_code == 1 and "openai_mix (ELMO_CACHE_OPENAI_MIX)" in result.output, result.output
+    assert "expected 4 numbers" in result.output and "Traceback" not in result.output
     assert info["available_layers"] == [0, 1, 2, 3]
 
 

@@ -40,7 +40,7 @@ CASES = [
     (["train", "corpus.txt", "-o", "m", "--device", "gpu"], 1, "device: 'gpu' is not a device"),
     (["serve", "--port", "-5"], 1, "port (ELMO_CACHE_PORT)"),
     (["serve"], 1, "nothing to serve"),
-    (["serve", "--cors-origin", "https://a.example", "--openai-mix", "1,2"], 1, "openai_mix (ELMO_CACHE_OPENAI_MIX)"),
+    (["serve", "--cors-origin", "https://a.example", "--openai-mix", "1,x"], 1, "openai_mix (ELMO_CACHE_OPENAI_MIX)"),
     (["serve", "--openai-pool", "avg"], 2, "'avg' is not one of 'mean', 'max', 'first-last'"),
     (["verify", "missing.zarr"], 1, "cache not found: missing.zarr"),
 ]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import elmo_cache
+from elmo_cache.errors import InvalidParameterError
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.server import create_app
 from elmo_cache.text.tokenize import tokenize
@@ -133,7 +134,10 @@ def test_first_last_doubles_the_width_and_a_bad_mix_setting_is_refused(encoder):
 
     run(app, scenario)
     with pytest.raises(ValueError, match="openai_mix"):
-        settings(openai_mix="1,2")
+        settings(openai_mix="1,x")  # not numbers: refused with the settings
+    # Numbers, but not one per layer of the model: refused as the server starts, naming the setting and the count.
+    with pytest.raises(InvalidParameterError, match=r"openai_mix \(ELMO_CACHE_OPENAI_MIX\): .*expected 3 numbers"):
+        run(create_app(settings(openai_mix="1,2"), encoder=encoder), lambda client: client.get("/health"))
 
 
 def test_behind_the_api_key(encoder):
