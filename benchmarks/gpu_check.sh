@@ -17,6 +17,16 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         || exit 1
     export PYTHONPATH=/tmp/site
 fi
+# transformers and its dependencies (~21 MB of wheels in .whl-tf/) do not fit beside .whl/ and the tree in the 64 MiB
+# one call carries: a first call carrying only .whl-tf installs them into /tmp/site-tf, which stays on the machine
+# for the next call while it is warm (benchmarks/README.md, "On a GPU").
+if compgen -G ".whl-tf/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-tf \
+        .whl-tf/*.whl || exit 1
+fi
+if [ -d /tmp/site-tf ]; then
+    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site-tf
+fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { cat "$OUT/install.log"; exit 1; }
 
@@ -29,7 +39,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep its log, say how it ended (o
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
 # Which steps run: all by default, e.g. STEPS="tests phases" for a second, shorter call.
-STEPS=${STEPS:-tests phases disk pipeline build encoder}
+STEPS=${STEPS:-tests phases disk pipeline build encoder transformer}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -73,4 +83,9 @@ grep -E "median|run " "$OUT"/build-*.log 2>/dev/null
 step encoder 100 python3 benchmarks/bench_encoder.py --device cuda --precision fp32,bf16 --tokens 200000 \
     --repeats 1 --json "$OUT/encoder.json"
 tail -25 "$OUT/encoder.log" 2>/dev/null
+# A Transformer encoder against a plain transformers loop (issue 37, item 4), where transformers imports.
+if python3 -c "import transformers" 2>/dev/null; then
+    step transformer 150 python3 benchmarks/bench_transformer.py --size base --tokens 100000 --device cuda --repeats 2
+    tail -12 "$OUT/transformer.log" 2>/dev/null
+fi
 cat "$OUT/summary.txt"
