@@ -418,9 +418,10 @@ class WindowEncoder:
         """Whether a window of ``nbytes`` stored bytes is put together on the device: on CUDA, with a codec that
         makes its rows there, when the device has room for it three times over. Each batch's rows then go to
         their places in the window on the device, and the window crosses to the host in one copy at its end: on
-        an H100 machine the host's scatter of every batch's rows into the window (~3 GB/s) had become the
-        build's slowest step (benchmarks/RESULTS.md). Otherwise (a CPU, or a device short of memory) each batch
-        crosses on its own and the host places its rows."""
+        an H100 machine the host's scatter of every batch's rows into the window (~3 GB/s) was the largest item of
+        the build's main thread (2.6 s of 7, benchmarks/RESULTS.md "third lease"; the build then waited on the
+        disk instead). Otherwise (a CPU, or a device short of memory) each batch crosses on its own and the host
+        places its rows."""
         import torch
 
         if self.encoder.device.type != "cuda" or getattr(self.codec, "encode_rows", None) is None:
