@@ -45,7 +45,7 @@ STEPS=${STEPS:-tests phases disk pipeline build encoder transformer}
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   grep -m1 'model name' /proc/cpuinfo; nproc; } | tee "$OUT/machine.txt"
 
-step tests 90 python3 -m pytest -q -p no:cacheprovider -rs tests/encoder/test_cuda.py tests/encoder/test_transfer.py \
+step tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/encoder/test_cuda.py tests/encoder/test_transfer.py \
     tests/encoder/test_encoder.py tests/compat/test_compat_embedder.py tests/train/test_train.py \
     -k "cuda or Cuda or CUDA or test_cuda"
 tail -5 "$OUT/tests.log" 2>/dev/null
