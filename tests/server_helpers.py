@@ -160,23 +160,10 @@ def start_serve(
     options ``extra`` (``env`` added to this process's environment), once healthy: the process (its stderr a
     pipe) and its URL. The caller stops it (:func:`interrupt`, or a kill)."""
     port = free_port()
-    command = [
-        *cli_command(),
-        "serve",
-        str(cache_path),
-        "--options-file",
-        str(model[0]),
-        "--weight-file",
-        str(model[1]),
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        *extra,
-    ]
+    model_files = ["--options-file", str(model[0]), "--weight-file", str(model[1])]
+    quiet = ["--log-level", "warning", "--no-access-log"]
+    command = [*cli_command(), "serve", str(cache_path), *model_files, "--port", str(port), "--device", "cpu", *quiet]
+    command += extra
     environment = None if env is None else {**os.environ, **env}
     proc = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
