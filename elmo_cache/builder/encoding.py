@@ -8,7 +8,9 @@ after it), and an update (:mod:`elmo_cache.builder.update`) re-encodes only thos
 encoded on its own (:class:`WindowEncoder`): its sentences sorted by length, batched by
 ``batch_tokens``, with an empty word cache. So the vectors of a window do not depend on which
 process encodes it, nor on what was encoded before: the local pipeline and the distributed build
-(:mod:`elmo_cache.builder.ray.engine`) give byte-identical caches.
+(:mod:`elmo_cache.builder.ray.engine`) give byte-identical caches. Each batch goes through
+:class:`BatchEncoder` (the selection, the codec, the pool, the finiteness check), which write-back also uses
+for a sentence encoded alone (:mod:`elmo_cache.builder.writeback`).
 """
 
 from __future__ import annotations
