@@ -24,26 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _compare import cache_difference
 from _corpus import make_corpus, write_corpus
 from _machine import describe_machine
-
-
-def same_files(a: Path, b: Path) -> bool:
-    def files(root: Path) -> dict[str, bytes]:
-        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-    fa, fb = files(a), files(b)
-    if sorted(fa) != sorted(fb):
-        return False
-    for name in fa:
-        if name == "zarr.json":
-            ma, mb = (json.loads(x[name])["attributes"]["elmo_cache"] for x in (fa, fb))
-            ma.pop("build"), mb.pop("build")
-            if ma != mb:
-                return False
-        elif fa[name] != fb[name]:
-            return False
-    return True
 
 
 def load() -> str:
@@ -122,7 +105,7 @@ def main() -> None:
                 )
                 wall = time.perf_counter() - start
                 first = first or wall
-                equal = same_files(work / name, work / "local.zarr")
+                equal = cache_difference(work / name, work / "local.zarr") is None
                 log = json.loads((work / name / "zarr.json").read_text())["attributes"]["elmo_cache"]["build"]
                 print(
                     f"ray engine, {n} worker(s) x {cpus_each} CPU: {wall:.1f} s, {tokens / wall:,.0f} tokens/s, "

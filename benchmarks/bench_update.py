@@ -8,7 +8,7 @@ for each change and share: the corpus with that share of lines appended (``appen
 its middle (``middle``), brought up to date with ``--update`` from a copy of the first cache. Prints seconds and
 the bytes the process passed to write(2) (``wchar`` of /proc/self/io) for the full build and each update, and the
 windows each update encoded. ``--check`` also builds each new corpus afresh and compares the two caches byte for
-byte (the metadata's ``build`` record aside), as tests/builder/test_update.py does.
+byte (the metadata's ``build`` record aside: ``_compare.cache_difference``), as tests/builder/test_update.py does.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _compare import cache_difference
 from _corpus import make_corpus
 from _machine import describe_machine
 
@@ -106,11 +107,13 @@ def main() -> None:
                     f"{summary.files_linked} vectors files kept"
                 )
                 if args.check:
-                    from tests.builder.test_update import assert_same_bytes
-
                     fresh = work / f"fresh{suffix}"
                     build(corpus, BuildOptions(output=fresh, **common))
-                    assert_same_bytes(target, fresh)
+                    difference = cache_difference(target, fresh)
+                    if difference is not None:
+                        raise SystemExit(
+                            f"{change} {share:g}%: the updated cache differs from a fresh build: {difference}"
+                        )
                     print("  updated == fresh build, byte for byte")
                     shutil.rmtree(fresh) if fresh.is_dir() else fresh.unlink()
                 shutil.rmtree(target) if target.is_dir() else target.unlink()

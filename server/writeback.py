@@ -106,7 +106,7 @@ class WriteBack:
 
     def encode(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """The live batcher's encoder: each sentence alone, kept in the journal; returns the float32 outputs
-        ``(3, n_tokens, dim)`` the answers are made from. Runs in the encoder thread."""
+        ``(n_layers, n_tokens, dim)`` the answers are made from. Runs in the encoder thread."""
         out = []
         for tokens in sentences:
             alone = self.alone.encode(tokens)

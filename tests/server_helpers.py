@@ -1,4 +1,5 @@
-"""Helpers the server tests share: an in-process client, decoders, reference encodings, caches."""
+"""Helpers the server tests share: an in-process client, decoders, reference encodings, caches, and an
+``elmo-cache serve`` process on a free loopback port."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ import asyncio
 import base64
 import contextlib
 import io
+import os
 import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 import elmo_cache
 from elmo_cache.server import Settings
@@ -113,3 +123,71 @@ class GatedEncoder:
         self.entered.set()
         assert self.gate.wait(30), "test never opened the gate"
         return self._encoder.embed_batch(sentences)
+
+
+def free_port() -> int:
+    """A loopback port free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli_command() -> list[str]:
+    """How to run the ``elmo-cache`` CLI in a subprocess: its script where installed, else this Python."""
+    script = shutil.which("elmo-cache")
+    return [script] if script else [sys.executable, "-c", "from elmo_cache.cli.main import main; main()"]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, deadline_s: float = 90.0) -> None:
+    """Wait until the server at ``url`` answers ``/health``; a failure (with its stderr) if it exits first."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"server not healthy after {deadline_s} s")
+
+
+def start_serve(
+    cache_path: Path | str, model: tuple[Path, Path], *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``elmo-cache serve cache_path`` with ``model`` on the CPU on a free port, quiet but for warnings, plus the
+    options ``extra`` (``env`` added to this process's environment), once healthy: the process (its stderr a
+    pipe) and its URL. The caller stops it (:func:`interrupt`, or a kill)."""
+    port = free_port()
+    model_files = ["--options-file", str(model[0]), "--weight-file", str(model[1])]
+    quiet = ["--log-level", "warning", "--no-access-log"]
+    command = [*cli_command(), "serve", str(cache_path), *model_files, "--port", str(port), "--device", "cpu", *quiet]
+    command += extra
+    environment = None if env is None else {**os.environ, **env}
+    proc = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        proc.stderr.close()
+        raise
+    return proc, url
+
+
+def interrupt(proc: subprocess.Popen) -> str:
+    """Ctrl-C the server and wait for it (a failure if it is still there 20 s later); its stderr."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        pytest.fail("server did not shut down within 20 s of SIGINT")
+    finally:
+        log = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+    return log

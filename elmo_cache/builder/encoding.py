@@ -8,7 +8,9 @@ after it), and an update (:mod:`elmo_cache.builder.update`) re-encodes only thos
 encoded on its own (:class:`WindowEncoder`): its sentences sorted by length, batched by
 ``batch_tokens``, with an empty word cache. So the vectors of a window do not depend on which
 process encodes it, nor on what was encoded before: the local pipeline and the distributed build
-(:mod:`elmo_cache.builder.ray.engine`) give byte-identical caches.
+(:mod:`elmo_cache.builder.ray.engine`) give byte-identical caches. Each batch goes through
+:class:`BatchEncoder` (the selection, the codec, the pool, the finiteness check), which write-back also uses
+for a sentence encoded alone (:mod:`elmo_cache.builder.writeback`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ if TYPE_CHECKING:
     import torch
 
     from elmo_cache.encoder.encoder import Encoder
+    from elmo_cache.rows.codecs import RowCodec
+    from elmo_cache.rows.pooling import Pool
+    from elmo_cache.rows.selection import Selection
 
 __all__ = [
+    "BatchEncoder",
+    "EncodedBatch",
+    "SubmittedBatch",
     "Window",
     "WindowCutter",
     "WindowEncoder",
@@ -68,19 +76,6 @@ def windows_entry(batch_tokens: int, window_batches: int) -> dict[str, int | str
     """Metadata ``windows``: how the build cut and batched the corpus (:data:`WINDOW_RULE`, the window's
     target tokens and the batch's), all of which the stored bytes depend on in their last bits."""
     return {**WINDOW_RULE, "window_tokens": batch_tokens * window_batches, "batch_tokens": batch_tokens}
-
-
-@dataclass
-class _Submitted:
-    """One batch on its way: the encoder's output and the selected rows on the device, the sentences' token
-    offsets, and the stored rows and the finiteness flag being copied to the host."""
-
-    flat: torch.Tensor
-    out: torch.Tensor
-    offsets: np.ndarray
-    rows: torch.Tensor  # the stored rows where the codec made them (on the device where it can)
-    stored: HostCopy | None  # their copy to the host; None when the window is put together on the device
-    finite: HostCopy | None  # on CUDA: whether every stored value is finite (else the codec checks the host rows)
 
 
 @dataclass
@@ -179,6 +174,136 @@ def assign_window(window: Window, rows_before: int, seen: SeenSentences | None) 
     return assign_rows(window.hashes, window.lengths, rows_before, seen, checks)
 
 
+@dataclass
+class SubmittedBatch:
+    """One batch on its way (:meth:`BatchEncoder.submit`): the encoder's output and the selected rows on the
+    device, the sentences' token offsets, and the stored rows and the finiteness flag being copied to the host."""
+
+    flat: torch.Tensor
+    out: torch.Tensor
+    offsets: np.ndarray
+    rows: torch.Tensor  # the stored rows where the codec made them (on the device where it can)
+    stored: HostCopy | None  # their copy to the host; None when the window is put together on the device
+    finite: HostCopy | None  # on CUDA: whether every stored value is finite (else the codec checks the host rows)
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """One batch as a build stores it (:meth:`BatchEncoder.collect`)."""
+
+    # The encoder's float32 output (n_layers, tokens, D) and the selected float32 rows, token-major, on the device.
+    flat: torch.Tensor
+    out: torch.Tensor
+    # Where each sentence's rows start, and where the last one ends (len(batch) + 1 entries).
+    offsets: np.ndarray
+    # The stored rows of the batch's sentences concatenated in batch order, on the host; None when they stay on
+    # the device (``SubmittedBatch.rows``).
+    rows: np.ndarray | None
+    # With a pool: each sentence's pooled vector in float32, and as stored (the pool's dtype); else None.
+    pooled: np.ndarray | None
+    pooled_stored: np.ndarray | None
+    # The first sentence (its place in the batch) that would be stored with a value that is not finite, with the
+    # token row to blame (None: its pooled vector overflows, its rows do not); None when all is finite.
+    nonfinite: tuple[int, int | None] | None
+
+
+class BatchEncoder:
+    """A batch of sentences -> their stored rows, pooled vectors and whether all is finite once stored: the one
+    per-batch path of a build (:class:`WindowEncoder`) and of a sentence encoded alone
+    (:class:`~elmo_cache.builder.writeback.AloneEncoder`), so both store the same bytes.
+
+    ``codec`` must be bound to the encoder's width (and trained, pq); ``pooling`` is the stored pool (None:
+    none); ``token_rows`` false (a pool-only cache) checks only the pooled vectors for finiteness. The caller
+    owns the word cache (clear it where the batch must not depend on what was encoded before) and
+    ``torch.inference_mode``."""
+
+    def __init__(
+        self, encoder: Encoder, selection: Selection, codec: RowCodec, pooling: Pool | None, token_rows: bool = True
+    ) -> None:
+        self.encoder = encoder
+        self.selection = selection
+        self.codec = codec
+        self.pooling = pooling
+        self.token_rows = token_rows
+
+    def encode(self, batch: list[list[str]]) -> EncodedBatch:
+        """``batch`` (sentences of at least one token) encoded, its rows on the host in memory of its own (a caller
+        may keep them)."""
+        return self.collect(self.submit(batch), own=True)
+
+    def submit(self, batch: list[list[str]], to_host: bool = True) -> SubmittedBatch:
+        """Queue one batch's work: the encoder, the selection, the storage cast or codes, and (``to_host``) their copy
+        to the host. On CUDA nothing here waits for the device, so the host prepares the next batch while this one
+        runs."""
+        import torch
+
+        flat, offsets = self.encoder.encode_flat(batch)  # (n_layers, tokens, D) float32 on the device, no padding
+        out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
+        if self.selection.layers is not None:
+            out = out.transpose(0, 1)  # token-major: (tokens, L, D)
+        # From the float32 rows, on the device: only the stored bytes (a cast, or codes and scales) cross.
+        stored = stored_rows_on_device(self.codec, out)
+        finite = None
+        if stored.device.type == "cuda":
+            # Whether anything could be stored non-finite, decided on the GPU and copied with the rows, so the host
+            # reads no row for it: a float codec's stored rows (a cast keeps a NaN or an inf, and float16 overflows
+            # past 65504), else the float rows (finite floats give finite int8 scales and meaningful pq codes). A
+            # codec's own diagnosis runs only when this fails. On a CPU numpy's check of the host rows is the
+            # faster (3.5x torch's on float16 here).
+            finite = HostCopy(torch.isfinite(stored if stored.is_floating_point() else out).all().reshape(1))
+        return SubmittedBatch(flat, out, offsets, stored, HostCopy(stored) if to_host else None, finite)
+
+    def collect(self, submitted: SubmittedBatch, own: bool = False) -> EncodedBatch:
+        """A submitted batch once done: its stored rows on the host (unless they stay on the device; on CUDA in the
+        pinned buffer of their copy, unless ``own``: :meth:`HostCopy.result`), its pooled vectors, and the first
+        sentence that would be stored with a value that is not finite."""
+        out, offsets = submitted.out, submitted.offsets
+        stored = submitted.stored.result(own=own) if submitted.stored is not None else None
+        pooled = pooled_stored = None
+        if self.pooling is not None:
+            # On the host in numpy: its sum is sequential in token order, so a pool is the same on every
+            # device and equals numpy's (on CUDA the float32 rows cross once more for it).
+            pooled = pool_batch(out.cpu().numpy(), offsets[:-1], np.diff(offsets), self.pooling.method)
+            with np.errstate(over="ignore"):  # an overflowing cast is refused below, not a warning
+                pooled_stored = pooled.astype(self.pooling.dtype, copy=False)
+        all_finite = submitted.finite is not None and bool(submitted.finite.result()[0])
+        # Rows kept on the device cross only to be diagnosed, once something is not finite.
+        host = stored if stored is not None or all_finite else submitted.rows.cpu().numpy()
+        bad = self._nonfinite(out, host, offsets, pooled_stored, all_finite)
+        return EncodedBatch(submitted.flat, out, offsets, stored, pooled, pooled_stored, bad)
+
+    def _nonfinite(
+        self,
+        out: torch.Tensor,
+        stored: np.ndarray | None,
+        offsets: np.ndarray,
+        pooled_stored: np.ndarray | None,
+        all_finite: bool,
+    ) -> tuple[int, int | None] | None:
+        """The first sentence of a batch that would be stored with a value that is not finite, and its token row
+        to blame (None: its pooled vector). Checked after the storage cast (the codec's
+        :meth:`~RowCodec.nonfinite`: float16's overflow, int8's scale, pq's input), so a reader never gets back
+        what the build did not refuse: one check per batch while all is well, the diagnosis only once something
+        is wrong."""
+        import torch
+
+        bad = self.codec.nonfinite(out, stored) if self.token_rows and not all_finite and stored is not None else None
+        if bad is not None:
+            row = int(np.flatnonzero(bad)[0])
+            return int(np.searchsorted(offsets, row, "right")) - 1, row
+        if pooled_stored is None:
+            return None
+        bad = nonfinite_rows(pooled_stored)
+        if bad is None:
+            return None
+        k = int(np.flatnonzero(bad)[0])
+        begin, end = int(offsets[k]), int(offsets[k + 1])
+        rows_bad = ~torch.isfinite(out[begin:end].reshape(end - begin, -1)).all(dim=1)
+        if bool(rows_bad.any()):  # its token rows already (a pool-only build stores none of them)
+            return k, begin + int(torch.nonzero(rows_bad)[0, 0])
+        return k, None
+
+
 class WindowEncoder:
     """Turns windows into rows in input order, in the stored layout and dtype."""
 
@@ -239,81 +364,19 @@ class WindowEncoder:
                     f"{staging_path(plan.output)}: no staged codebooks (trained as the build starts)"
                 )
             self.codec = trained
+        self.batches = BatchEncoder(encoder, self.selection, self.codec, self.pooling, self.token_rows)
 
-    def _submit(self, batch: list[list[str]], to_host: bool = True) -> _Submitted:
-        """Queue one batch's work: the encoder, the selection, the storage cast or codes, and (``to_host``) their copy
-        to the host. On CUDA nothing here waits for the device, so the host prepares the next batch while this one
-        runs."""
-        import torch
-
-        flat, offsets = self.encoder.encode_flat(batch)  # (3, tokens, D) float32 on the device, no padding
-        out = self.selection.apply(flat, layer_dim=0)  # (tokens, D) mixed in float32, or (L, tokens, D)
-        if self.selection.layers is not None:
-            out = out.transpose(0, 1)  # token-major: (tokens, L, D)
-        # From the float32 rows, on the device: only the stored bytes (a cast, or codes and scales) cross.
-        stored = stored_rows_on_device(self.codec, out)
-        finite = None
-        if stored.device.type == "cuda":
-            # Whether anything could be stored non-finite, decided on the GPU and copied with the rows, so the host
-            # reads no row for it: a float codec's stored rows (a cast keeps a NaN or an inf, and float16 overflows
-            # past 65504), else the float rows (finite floats give finite int8 scales and meaningful pq codes). A
-            # codec's own diagnosis runs only when this fails. On a CPU numpy's check of the host rows is the
-            # faster (3.5x torch's on float16 here).
-            finite = HostCopy(torch.isfinite(stored if stored.is_floating_point() else out).all().reshape(1))
-        return _Submitted(flat, out, offsets, stored, HostCopy(stored) if to_host else None, finite)
-
-    def _collect(
-        self, submitted: _Submitted
-    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None, tuple[int, str] | None]:
-        """Rows of a submitted batch's sentences on the host, concatenated in batch order (None when they stay on
-        the device), where each starts, with --pool each sentence's pooled vector (float32), and the first sentence
-        (its place in the batch) that would be stored with a value that is not finite, with why (None: none)."""
-        out, offsets = submitted.out, submitted.offsets
-        stored = submitted.stored.result() if submitted.stored is not None else None
-        starts = offsets[:-1]
-        pooled = None
-        if self.pooling is not None:
-            # On the host in numpy: its sum is sequential in token order, so a pool is the same on every
-            # device and equals numpy's (on CUDA the float32 rows cross once more for it).
-            pooled = pool_batch(out.cpu().numpy(), starts, np.diff(offsets), self.pooling.method)
-        all_finite = submitted.finite is not None and bool(submitted.finite.result()[0])
-        # Rows kept on the device cross only to be diagnosed, once something is not finite.
-        host = stored if stored is not None or all_finite else submitted.rows.cpu().numpy()
-        return stored, starts, pooled, self._nonfinite(submitted.flat, out, host, offsets, pooled, all_finite)
-
-    def _nonfinite(
-        self,
-        flat: torch.Tensor,
-        out: torch.Tensor,
-        stored: np.ndarray | None,
-        offsets: np.ndarray,
-        pooled: np.ndarray | None,
-        all_finite: bool = False,
-    ) -> tuple[int, str] | None:
-        """The first sentence of a batch that would be stored with a value that is not finite, and why (None:
-        none). Checked after the storage cast (the codec's :meth:`~RowCodec.nonfinite`: float16's overflow,
-        int8's scale, pq's input), so a reader never gets back what the build did not refuse: one check per
-        batch while all is well, the diagnosis only once something is wrong."""
-        import torch
-
-        bad = self.codec.nonfinite(out, stored) if self.token_rows and not all_finite and stored is not None else None
-        if bad is not None:
-            row = int(np.flatnonzero(bad)[0])
-            return int(np.searchsorted(offsets, row, "right")) - 1, self._why(flat[:, row], out[row], "its vectors")
-        if pooled is None or self.pooling is None:
+    def _problem(self, batch: EncodedBatch) -> tuple[int, str] | None:
+        """The first sentence of an encoded batch that would be stored with a value that is not finite (its place in
+        the batch), and why in the build's options; None when all is finite."""
+        if batch.nonfinite is None:
             return None
-        with np.errstate(over="ignore"):  # an overflowing cast is what this looks for, not a warning
-            bad = nonfinite_rows(pooled.astype(self.pooling.dtype, copy=False))
-        if bad is None:
-            return None
-        k = int(np.flatnonzero(bad)[0])
-        begin, end = int(offsets[k]), int(offsets[k + 1])
-        rows_bad = ~torch.isfinite(out[begin:end].reshape(end - begin, -1)).all(dim=1)
-        if bool(rows_bad.any()):  # its token rows already (a pool-only build stores none of them)
-            row = begin + int(torch.nonzero(rows_bad)[0, 0])
-            return k, self._why(flat[:, row], out[row], "its vectors")
+        k, row = batch.nonfinite
+        if row is not None:
+            return k, self._why(batch.flat[:, row], batch.out[row], "its vectors")
+        assert self.pooling is not None and batch.pooled is not None  # only a pooled vector is blamed without a row
         what = f"its pooled vector (--pool {self.pooling.method})"
-        if np.isfinite(pooled[k]).all():
+        if np.isfinite(batch.pooled[k]).all():
             return k, f"{what} overflows when stored as {self.storage}; {self.fix}"
         return k, f"{what} overflows float32; {self.fix}"
 
@@ -377,13 +440,15 @@ class WindowEncoder:
         on_device = self._window_on_device(vectors.nbytes) if batches else False
         window = None  # the window's rows on the device, put together there (on_device), else None
         # One batch queued ahead: the device encodes it while the host stores the one before.
-        submitted = self._submit([tokens[i] for i in batches[0]], not on_device) if batches else None
+        submit = self.batches.submit
+        submitted = submit([tokens[i] for i in batches[0]], not on_device) if batches else None
         for number, batch in enumerate(batches):
             current = submitted
             assert current is not None
             following = batches[number + 1] if number + 1 < len(batches) else None
-            submitted = None if following is None else self._submit([tokens[i] for i in following], not on_device)
-            out, starts, batch_pooled, problem = self._collect(current)
+            submitted = None if following is None else submit([tokens[i] for i in following], not on_device)
+            done = self.batches.collect(current)
+            problem = self._problem(done)
             if problem is not None:
                 # Raised before this window reaches a writer: nothing of it is stored, what was committed stays.
                 k, why = problem
@@ -394,18 +459,19 @@ class WindowEncoder:
             # Each row to its sentence's place in the window, in one call: row r of sentence k goes to
             # offsets[k] - rows_before + (r - starts[k]).
             batch_lengths = np.asarray(lengths)[batch].astype(np.int64)
+            starts = done.offsets[:-1]
             shift = np.asarray(offsets)[batch].astype(np.int64) - rows_before - starts.astype(np.int64)
             places = np.repeat(shift, batch_lengths) + np.arange(int(current.offsets[-1]))
-            if out is not None:
-                vectors[places] = out
+            if done.rows is not None:
+                vectors[places] = done.rows
             else:
                 rows = current.rows
                 if window is None:
                     window = torch.empty(vectors.shape, dtype=rows.dtype, device=rows.device)
                 window.index_copy_(0, to_device(places, rows.device), rows)
             encoded += int(batch_lengths.sum())
-            if pooled is not None and batch_pooled is not None:
-                pooled[batch] = batch_pooled  # cast to the stored dtype, as the rows were
+            if pooled is not None and done.pooled_stored is not None:
+                pooled[batch] = done.pooled_stored  # in the stored dtype, as the rows are
             if progress is not None:
                 progress(len(batch))
         if window is not None:  # one copy of the whole window to the host, instead of one per batch plus a scatter

@@ -2,10 +2,10 @@
 
 A vector's last bits depend on the batch it was encoded in and on the word cache's history
 (:mod:`elmo_cache.builder.encoding`), so a live batch's vectors are not a build's. A build of a corpus
-of one line encodes that line alone with an empty word cache, then selects or mixes the layers, stores
-them through the cache's codec and pools them in float32 (:class:`~elmo_cache.builder.encoding.WindowEncoder`).
-:class:`AloneEncoder` does exactly that, so a written-back sentence holds the bytes a fresh build of it
-(with the cache's options, on the same kind of device) holds.
+of one line encodes that line alone with an empty word cache, as a batch of one sentence through the
+build's per-batch path (:class:`~elmo_cache.builder.encoding.BatchEncoder`: the selection or mix, the
+cache's codec, the pool in float32). :class:`AloneEncoder` does exactly that, so a written-back sentence
+holds the bytes a fresh build of it (with the cache's options, on the same kind of device) holds.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_cache.rows.codecs import RowCodec, stored_rows_on_device
-from elmo_cache.rows.pooling import Pool, pool_batch
+from elmo_cache.builder.encoding import BatchEncoder
+from elmo_cache.rows.codecs import RowCodec
+from elmo_cache.rows.pooling import Pool
 from elmo_cache.rows.selection import Selection
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ __all__ = ["AloneEncoder", "Alone"]
 class Alone:
     """One sentence encoded alone: the encoder's float32 output, its stored rows and pooled vector."""
 
-    # (3, n_tokens, dim) float32, as Encoder.embed_batch gives it (what live answers are made from).
+    # (n_layers, n_tokens, dim) float32, as Encoder.embed_batch gives it (what live answers are made from):
+    # 3 layers for ELMo, the embeddings and every block for a Transformer model.
     acts: np.ndarray
     # (n_tokens, *stored row) in the codec's dtype, as the cache stores them.
     rows: np.ndarray
@@ -44,9 +46,8 @@ class AloneEncoder:
 
     def __init__(self, encoder: Encoder, selection: Selection, codec: RowCodec, pool: Pool | None) -> None:
         self.encoder = encoder
-        self.selection = selection
-        self.codec = codec
-        self.pool = pool
+        # Token rows are always checked: write-back refuses pool-only caches (server.writeback.check_write_back).
+        self.batch = BatchEncoder(encoder, selection, codec, pool)
 
     @classmethod
     def for_cache(cls, encoder: Encoder, cache: Any) -> AloneEncoder:
@@ -59,18 +60,8 @@ class AloneEncoder:
 
         with torch.inference_mode():
             self.encoder.clear_word_cache()
-            flat, offsets = self.encoder.encode_flat([tokens])
-            out = self.selection.apply(flat, layer_dim=0)
-            if self.selection.layers is not None:
-                out = out.transpose(0, 1)  # token-major (tokens, L, D), as the build stores rows
-            stored_tensor = stored_rows_on_device(self.codec, out)
-            rows = stored_tensor.cpu().numpy()
-            finite = self.codec.nonfinite(out, rows) is None
-            pooled = None
-            if self.pool is not None:
-                pooled_rows = pool_batch(out.cpu().numpy(), offsets[:-1], np.diff(offsets), self.pool.method)[0]
-                with np.errstate(over="ignore"):
-                    pooled = pooled_rows.astype(self.pool.dtype)
-                finite = finite and bool(np.isfinite(pooled).all())
-            acts = flat.cpu().numpy()
-        return Alone(acts=acts, rows=rows, pooled=pooled, finite=finite)
+            done = self.batch.encode([tokens])
+            assert done.rows is not None  # BatchEncoder.encode copies them to the host
+            pooled = None if done.pooled_stored is None else done.pooled_stored[0]
+            acts = done.flat.cpu().numpy()
+        return Alone(acts=acts, rows=done.rows, pooled=pooled, finite=done.nonfinite is None)

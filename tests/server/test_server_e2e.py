@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,48 +18,9 @@ from click.testing import CliRunner
 import elmo_cache
 from elmo_cache.cli.main import cli
 from elmo_cache.text.tokenize import tokenize
+from tests.server_helpers import free_port, interrupt, start_serve, wait_healthy
 
 LINES = ["The cat sat on the mat .", "hello world", "Colourless green ideas sleep furiously ."]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _command() -> list[str]:
-    script = shutil.which("elmo-cache")
-    return [script] if script else [sys.executable, "-c", "from elmo_cache.cli.main import main; main()"]
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, deadline_s: float = 90.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"server not healthy after {deadline_s} s")
-
-
-def _interrupt(proc: subprocess.Popen) -> str:
-    """Ctrl-C the server and wait for it (a failure if it is still there 20 s later); its stderr."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-        pytest.fail("server did not shut down within 20 s of SIGINT")
-    finally:
-        log = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
-    return log
 
 
 def test_serve_over_http(tmp_path, tiny_model):
@@ -73,32 +32,9 @@ def test_serve_over_http(tmp_path, tiny_model):
     build(corpus, BuildOptions(output=tmp_path / "corpus.h5", device="cpu", progress=False), encoder=encoder)
     cache = elmo_cache.open(tmp_path / "corpus.h5")
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "ELMO_CACHE_API_KEY": "e2e-key", "ELMO_CACHE_MAX_WAIT_MS": "20"}
-    proc = subprocess.Popen(
-        [
-            *_command(),
-            "serve",
-            str(tmp_path / "corpus.h5"),
-            "--options-file",
-            str(tiny_model[0]),
-            "--weight-file",
-            str(tiny_model[1]),
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    env = {"ELMO_CACHE_API_KEY": "e2e-key", "ELMO_CACHE_MAX_WAIT_MS": "20"}
+    proc, url = start_serve(tmp_path / "corpus.h5", tiny_model, env=env)
     try:
-        _wait_healthy(proc, url)
         auth = {"Authorization": "Bearer e2e-key"}
         with httpx.Client(base_url=url, headers=auth, timeout=30.0) as client:
             assert httpx.get(f"{url}/info", timeout=5).status_code == 401  # the key came from the environment
@@ -116,7 +52,7 @@ def test_serve_over_http(tmp_path, tiny_model):
             assert 'route="/embed",status="200"' in client.get("/metrics").text
             assert client.get("/info").json()["limits"]["max_wait_ms"] == 20
     finally:
-        _interrupt(proc)
+        interrupt(proc)
     assert proc.returncode == 0
 
 
@@ -178,7 +114,7 @@ def wrapped_server(tmp_path, tiny_model):
     corpus.write_text("boom\nhang\nfine line\n", encoding="utf-8")
     build(corpus, BuildOptions(output=tmp_path / "c.zarr", device="cpu", progress=False), encoder=encoder)
     (tmp_path / "server.py").write_text(_WRAPPED_SERVER, encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     marker = tmp_path / "stuck"
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "server.py"), str(tmp_path / "c.zarr"), str(port), str(marker)],
@@ -187,7 +123,7 @@ def wrapped_server(tmp_path, tiny_model):
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(proc, url)
+        wait_healthy(proc, url)
         yield proc, url, marker
     finally:
         if proc.poll() is None:
@@ -270,7 +206,7 @@ run_server(settings, encoder=Gated())
 
 def test_sigterm_drains_in_flight_requests_refuses_new_ones_with_503_and_exits_0(tmp_path, tiny_model):
     (tmp_path / "server.py").write_text(_GATED_SERVER, encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "server.py"), str(tiny_model[0]), str(tiny_model[1]), str(port), str(tmp_path)],
@@ -278,7 +214,7 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_with_503_and_exits_0
         stderr=subprocess.PIPE,
     )
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(proc, url)
         outcome: list = []
 
         def in_flight() -> None:
@@ -352,16 +288,8 @@ def test_a_cache_file_truncated_under_the_server_is_a_500_and_it_keeps_serving(t
             victim, keep = output, int(f["vectors"].id.get_offset()) + 64  # inside sentence 0's rows
     else:
         victim, keep = output / "vectors" / "c" / "0" / "0" / "0", 64
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    model = ["--options-file", str(tiny_model[0]), "--weight-file", str(tiny_model[1])]
-    proc = subprocess.Popen(
-        [*_command(), "serve", str(output), *model, "--port", str(port), "--device", "cpu", "--no-access-log"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc, url = start_serve(output, tiny_model)
     try:
-        _wait_healthy(proc, url)
         with httpx.Client(base_url=url, timeout=30.0) as client:
             for line in LINES:  # every row read once (mapped, by the older reader)
                 assert client.get("/embed", params={"sentence": line}).json()["source"] == "cache"
@@ -374,6 +302,6 @@ def test_a_cache_file_truncated_under_the_server_is_a_500_and_it_keeps_serving(t
             assert live.status_code in (200, 500), live.text  # a miss may need an index page that is gone
             assert proc.poll() is None
     finally:
-        log = _interrupt(proc)
+        log = interrupt(proc)
     assert proc.returncode == 0, log[-3000:]
     assert "truncated" in log and str(victim) in log  # the server's log names the file and what happened

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import uvicorn
 
 import elmo_cache
 from elmo_cache.server import Settings, create_app
-from tests.server_helpers import GatedEncoder
+from tests.server_helpers import GatedEncoder, free_port
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +28,8 @@ def encoder(tiny_model):
     return elmo_cache.Encoder.load(tiny_model, device="cpu")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _serve(app) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -126,6 +126,23 @@ def test_written_back_hit_equals_a_fresh_build(tmp_path, encoder, case):
     reopened.close()
 
 
+def test_a_sentence_not_finite_once_stored_is_marked_not_refused(encoder):
+    """What a build would refuse (float16 overflows under a loud mix) is encoded anyway and marked ``finite=False``:
+    write-back leaves it out, and the live answer is still made from the encoder's float32 output."""
+    from elmo_cache.rows.codecs import FLOAT16
+    from elmo_cache.rows.selection import MixSpec, Selection
+
+    tokens = tokenize(UNSEEN[0])
+    loud = AloneEncoder(encoder, Selection(layers=None, mix=MixSpec.from_raw([1, 1, 1], gamma=1e6)), FLOAT16, None)
+    alone = loud.encode(tokens)
+    assert alone.finite is False
+    assert alone.acts.dtype == np.float32 and alone.acts.shape == (3, len(tokens), encoder.output_dim)
+    assert np.isfinite(alone.acts).all()
+    assert alone.rows.dtype == np.float16 and not np.isfinite(alone.rows).all()
+    quiet = AloneEncoder(encoder, Selection(layers=None, mix=MixSpec.from_raw([1, 1, 1])), FLOAT16, None)
+    assert quiet.encode(tokens).finite is True
+
+
 def test_write_back_is_refused_where_its_rows_would_not_be_the_caches(tmp_path, encoder, tiny_model):
     from elmo_cache.model.random_model import write_random_model
 

@@ -19,7 +19,7 @@ from elmo_cache.reader.writeback import open_journal
 from elmo_cache.server.writeback import key_of
 from elmo_cache.store.journal import journal_path
 from elmo_cache.text.tokenize import tokenize
-from tests.server.test_server_e2e import _command, _free_port, _interrupt, _wait_healthy
+from tests.server_helpers import interrupt, start_serve
 
 LINES = ["The cat sat on the mat .", "hello world", "Colourless green ideas sleep furiously ."]
 
@@ -34,33 +34,7 @@ def cache(tmp_path, tiny_model):
 
 
 def _serve(cache, tiny_model, commit_ms: float) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            *_command(),
-            "serve",
-            str(cache.path),
-            "--options-file",
-            str(tiny_model[0]),
-            "--weight-file",
-            str(tiny_model[1]),
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--write-back",
-            "--write-back-commit-ms",
-            str(commit_ms),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(proc, url)
-    return proc, url
+    return start_serve(cache.path, tiny_model, "--write-back", "--write-back-commit-ms", str(commit_ms))
 
 
 def _ask(client: httpx.Client, sentences: list[str]) -> list[float]:
@@ -125,7 +99,7 @@ def test_a_clean_shutdown_commits_every_answered_miss(cache, tiny_model):
         _ask(client, sentences)
         metrics = client.get("/metrics").text
     assert "elmo_cache_writeback_written_total 0.0" in metrics  # nothing committed yet
-    _interrupt(proc)
+    interrupt(proc)
     assert proc.returncode == 0
     with open_journal(cache) as journal:
         assert len(journal) == 5 and journal.dropped_tail == 0
