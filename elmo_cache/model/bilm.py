@@ -78,6 +78,10 @@ class BiLM:
         self.activation = torch.relu if options.activation == "relu" else torch.tanh
         # The LSTM cell's element-wise work compiled into one kernel, or None for eager (set by the encoder).
         self._fused_cell: FusedCell | None = None
+        # bf16 on a CPU: the LSTM's products through oneDNN on weights packed once per layer, on first use
+        # (PackedMatmuls; ~1.2x there). False: batched matmuls everywhere (a benchmark's side-by-side).
+        self.packed_matmuls = True
+        self._packed: dict[int, PackedMatmuls] = {}
 
     @property
     def fused(self) -> bool:
@@ -103,6 +107,7 @@ class BiLM:
             self.word_embed = self.word_embed.to(device)
             self.word_proj = self.word_proj.to(device)
         self.lstm = [(wi.to(device), wh.to(device), b.to(device), wp.to(device)) for wi, wh, b, wp in self.lstm]
+        self._packed = {}  # packed from the weights where they were
         return self
 
     # ---------------------------------------------------------------- char-CNN
@@ -172,8 +177,8 @@ class BiLM:
         final_c = initial_c.clone()
         outputs = []
         x = inputs
-        for layer, weights in enumerate(self.lstm):
-            h_out = self._run_layer(x, packed, weights, final_h[layer], final_c[layer])
+        for layer in range(len(self.lstm)):
+            h_out = self._run_layer(x, packed, self._layer_matmuls(layer), final_h[layer], final_c[layer])
             if layer > 0 and options.use_skip_connections:
                 h_out = h_out + x
             outputs.append(h_out)
@@ -184,20 +189,18 @@ class BiLM:
         self,
         x: torch.Tensor,
         packed: PackedBatch,
-        weights: tuple[torch.Tensor, ...],
+        matmuls: LayerMatmuls,
         h: torch.Tensor,
         c: torch.Tensor,
     ) -> torch.Tensor:
         """One layer, both directions; writes final states into ``h``/``c`` (2, batch, .)."""
-        w_input, w_hidden, bias, w_proj = weights
         cd = self.compute_dtype
         cell_clip = float("inf") if self.options.cell_clip is None else float(self.options.cell_clip)
         proj_clip = self.options.proj_clip
         cell_step = self._fused_cell or _lstm_cell
         out = torch.empty_like(x)
-        bias3 = bias.unsqueeze(1).to(cd)
         x_cd = x.to(cd)
-        gates_x = x_cd[:, :0]  # replaced at step 0: every layer starts a chunk there
+        gates_x: tuple[torch.Tensor, torch.Tensor] = (x_cd[0, :0], x_cd[1, :0])  # replaced at step 0
         chunk_end_step = 0
         chunk_row0 = 0
         h_prev = h.to(cd)
@@ -210,12 +213,12 @@ class BiLM:
                 while end < packed.max_len and packed.starts[end + 1] - chunk_row0 <= _INPUT_CHUNK_ROWS:
                     end += 1
                 chunk_end_step = end
-                gates_x = torch.baddbmm(bias3, x_cd[:, chunk_row0 : packed.starts[end]], w_input)
+                gates_x = matmuls.input_gates(x_cd[:, chunk_row0 : packed.starts[end]])
             n = packed.sizes[t]
             r0 = packed.starts[t] - chunk_row0
-            gates_h = torch.bmm(h_prev[:, :n], w_hidden)
-            hidden, cell = cell_step(gates_x, r0, gates_h, c_prev, cell_clip)
-            projected = torch.bmm(hidden.to(cd), w_proj).float()
+            gates_h = matmuls.recurrent(h_prev[:, :n])
+            hidden, cell = cell_step(gates_x[0], gates_x[1], r0, gates_h[0], gates_h[1], c_prev, cell_clip)
+            projected = matmuls.project(hidden.to(cd)).float()
             if proj_clip is not None:
                 projected.clamp_(-proj_clip, proj_clip)
             row = packed.starts[t]
@@ -230,20 +233,136 @@ class BiLM:
             c_prev = cell
         return out
 
+    def _layer_matmuls(self, layer: int) -> LayerMatmuls:
+        """Layer ``layer``'s three products: oneDNN on weights packed once where that is faster (bf16 on a CPU
+        whose oneDNN runs it natively), else batched matmuls over both directions."""
+        weights = self.lstm[layer]
+        if not (self.packed_matmuls and self.compute_dtype == torch.bfloat16 and weights[0].device.type == "cpu"):
+            return BatchedMatmuls(*weights, self.compute_dtype)
+        packed = self._packed.get(layer)
+        if packed is None:
+            try:
+                if not _onednn_native_bf16():
+                    raise RuntimeError("oneDNN has no native bf16 on this CPU")
+                packed = PackedMatmuls(*weights)
+            except (RuntimeError, AttributeError) as exc:  # emulated bf16, or a torch without the packed linear
+                warnings.warn(f"bf16 LSTM matmuls stay batched: {exc}", stacklevel=3)
+                self.packed_matmuls = False
+                return BatchedMatmuls(*weights, self.compute_dtype)
+            self._packed[layer] = packed
+        return packed
+
+
+def _onednn_native_bf16() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class LayerMatmuls:
+    """The three matrix products of one biLSTM layer, both directions at once. Each returns per-direction
+    results in the compute dtype: ``input_gates`` the input-to-gate products (plus bias) of a block of rows
+    ``(2, rows, P) -> 2 x (rows, 4 * D)``, ``recurrent`` the hidden-to-gate products ``(2, n, P) -> 2 x (n, 4 *
+    D)``, ``project`` the cell output's projection ``(2, n, D) -> (2, n, P)``."""
+
+    def input_gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def recurrent(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class BatchedMatmuls(LayerMatmuls):
+    """One batched matmul over the direction dimension per product: every device and dtype."""
+
+    def __init__(
+        self,
+        w_input: torch.Tensor,
+        w_hidden: torch.Tensor,
+        bias: torch.Tensor,
+        w_proj: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> None:
+        self.w_input, self.w_hidden, self.w_proj = w_input, w_hidden, w_proj
+        self.bias = bias.unsqueeze(1).to(dtype)
+
+    def input_gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gates = torch.baddbmm(self.bias, x, self.w_input)
+        return gates[0], gates[1]
+
+    def recurrent(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gates = torch.bmm(h, self.w_hidden)
+        return gates[0], gates[1]
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(hidden, self.w_proj)
+
+
+class PackedMatmuls(LayerMatmuls):
+    """oneDNN's linear on weights reordered once into its blocked layout (what torch.compile's CPU freezing
+    does), one call per direction. A plain bf16 matmul takes the weight as it lies on every call, and at the
+    recurrent step's small row counts that costs most (16 rows: 160 against 374 GFLOP/s packed, on a 2-core Zen
+    4; benchmarks/RESULTS.md). Taken for bf16 on a CPU; the products are the same in any dtype oneDNN packs. The
+    packed weights are a second copy of the LSTM's (~150 MB for the Original model in bf16)."""
+
+    def __init__(self, w_input: torch.Tensor, w_hidden: torch.Tensor, bias: torch.Tensor, w_proj: torch.Tensor) -> None:
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        dtype = w_input.dtype
+
+        def packed(weight: torch.Tensor, rows_hint: int) -> list[torch.Tensor]:
+            return [reorder(weight[d].t().contiguous(), rows_hint) for d in range(2)]
+
+        self.w_input = packed(w_input, _INPUT_CHUNK_ROWS)
+        self.w_hidden = packed(w_hidden, 256)
+        self.w_proj = packed(w_proj, 256)
+        self.bias = [bias[d].to(dtype) for d in range(2)]
+        self.linear = torch.ops.mkldnn._linear_pointwise
+
+    def input_gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            self.linear(x[0], self.w_input[0], self.bias[0], "none", [], ""),
+            self.linear(x[1], self.w_input[1], self.bias[1], "none", [], ""),
+        )
+
+    def recurrent(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            self.linear(h[0], self.w_hidden[0], None, "none", [], ""),
+            self.linear(h[1], self.w_hidden[1], None, "none", [], ""),
+        )
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.linear(hidden[d], self.w_proj[d], None, "none", [], "") for d in range(2)])
+
 
 def _lstm_cell(
-    gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
+    gates_x0: torch.Tensor,
+    gates_x1: torch.Tensor,
+    row0: int,
+    gates_h0: torch.Tensor,
+    gates_h1: torch.Tensor,
+    c_prev: torch.Tensor,
+    cell_clip: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gate non-linearities and cell update in float32; gate columns are i, f, o, j.
 
-    ``gates_x`` is a whole chunk of input projections and ``c_prev`` the previous step's whole
-    cell tensor; the live rows are sliced here, so the compiled kernel always sees contiguous
-    inputs (views with varying strides would make torch.compile recompile per pattern).
+    ``gates_x0``/``gates_x1`` are a whole chunk of input projections per direction and ``c_prev`` the previous
+    step's whole cell tensor; the live rows are sliced here, so the compiled kernel always sees contiguous inputs
+    (views with varying strides would make torch.compile recompile per pattern). The directions come apart
+    because a packed matmul gives one per call; compiled, each direction's results are written in place into
+    the stacked outputs.
     """
-    n = gates_h.shape[1]
-    d = c_prev.shape[-1]
-    c = c_prev[:, :n]
-    gates = gates_x[:, row0 : row0 + n].float() + gates_h.float()
+    n = gates_h0.shape[0]
+    h0, c0 = _cell_direction(gates_x0[row0 : row0 + n], gates_h0, c_prev[0, :n], cell_clip)
+    h1, c1 = _cell_direction(gates_x1[row0 : row0 + n], gates_h1, c_prev[1, :n], cell_clip)
+    return torch.stack((h0, h1)), torch.stack((c0, c1))
+
+
+def _cell_direction(
+    gates_x: torch.Tensor, gates_h: torch.Tensor, c: torch.Tensor, cell_clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    d = c.shape[-1]
+    gates = gates_x.float() + gates_h.float()
     sig = torch.sigmoid(gates[..., : 3 * d])
     candidate = torch.tanh(gates[..., 3 * d :])
     cell = torch.addcmul(sig[..., d : 2 * d] * c, sig[..., :d], candidate).clamp_(-cell_clip, cell_clip)
@@ -285,19 +404,17 @@ class FusedCell:
         self._compiled: Any = None
         self.failed = False
 
-    def __call__(
-        self, gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if self.failed:
-            return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
+            return _lstm_cell(*args)
         try:
             if self._compiled is None:
                 self._compiled = _compile(_lstm_cell)
-            result: tuple[torch.Tensor, torch.Tensor] = self._compiled(gates_x, row0, gates_h, c_prev, cell_clip)
+            result: tuple[torch.Tensor, torch.Tensor] = self._compiled(*args)
             return result
         except Exception as exc:
             self.failed = True
             warnings.warn(
                 f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2
             )
-            return _lstm_cell(gates_x, row0, gates_h, c_prev, cell_clip)
+            return _lstm_cell(*args)

@@ -1,0 +1,95 @@
+"""The biLM's matrix-product seam (elmo_cache.model.bilm.LayerMatmuls): oneDNN on packed weights for bf16 on a
+CPU gives what the batched matmuls give, batch-invariantly, and steps aside where it cannot run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_cache import Encoder
+from elmo_cache.model import bilm as bilm_module
+from elmo_cache.model.bilm import BatchedMatmuls, PackedMatmuls
+
+requires_onednn_bf16 = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="oneDNN has no native bf16 on this CPU: the packed path is not taken",
+)
+
+LINES = [
+    "the cat sat on the mat .",
+    "a much longer sentence about the committee that met on tuesday to discuss the budget",
+    "one",
+    "Hello , world !",
+    "the quick brown fox jumps over the lazy dog again and again",
+]
+SENTENCES = [line.split() for line in LINES]
+
+
+def bf16_encoder(model, packed: bool) -> Encoder:
+    encoder = Encoder.load(model, device="cpu", precision="bf16")
+    encoder.bilm.packed_matmuls = packed
+    return encoder
+
+
+@requires_onednn_bf16
+def test_packed_bf16_matmuls_give_what_batched_matmuls_give(tiny_model, native_bf16):
+    packed, batched = bf16_encoder(tiny_model, True), bf16_encoder(tiny_model, False)
+    a, b = packed.embed_batch(SENTENCES), batched.embed_batch(SENTENCES)
+    # Both paths were taken: each layer's products packed once on one side, none on the other.
+    assert sorted(packed.bilm._packed) == list(range(len(packed.bilm.lstm))) and not batched.bilm._packed
+    assert all(isinstance(m, PackedMatmuls) for m in packed.bilm._packed.values())
+    for x, y in zip(a, b, strict=True):
+        # The same products in the same precision: equal but for the accumulation order of one kernel or another
+        # (far below bf16's own error against fp32, ~1e-2).
+        np.testing.assert_allclose(x, y, atol=1e-4, rtol=0)
+
+
+@requires_onednn_bf16
+def test_packed_bf16_vectors_do_not_depend_on_the_batch(tiny_model, native_bf16):
+    encoder = bf16_encoder(tiny_model, True)
+    together = encoder.embed_batch(SENTENCES)
+    for sentence, vectors in zip(SENTENCES, together, strict=True):
+        encoder.clear_word_cache()  # the char-CNN's per-word cache carries its first batch's rounding
+        np.testing.assert_array_equal(encoder.embed_batch([sentence])[0], vectors)
+        encoder.clear_word_cache()
+
+
+def test_packed_matmuls_compute_each_product_of_each_direction(tiny_model):
+    """The products one by one, in float32 (oneDNN packs it on every x86 CPU, so this runs everywhere)."""
+    model = Encoder.load(tiny_model, device="cpu").bilm
+    generator = torch.Generator().manual_seed(0)
+    for weights in model.lstm:
+        w_input, w_hidden, _, w_proj = weights
+        packed, batched = PackedMatmuls(*weights), BatchedMatmuls(*weights, torch.float32)
+        rows = torch.randn(2, 7, w_input.shape[1], generator=generator)
+        states = torch.randn(2, 6, w_hidden.shape[1], generator=generator)
+        hidden = torch.randn(2, 5, w_proj.shape[1], generator=generator)
+        for a, b in (
+            *zip(packed.input_gates(rows), batched.input_gates(rows), strict=True),
+            *zip(packed.recurrent(states), batched.recurrent(states), strict=True),
+            (packed.project(hidden), batched.project(hidden)),
+        ):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_matmuls_stay_on_other_precisions(tiny_model):
+    encoder = Encoder.load(tiny_model, device="cpu")
+    assert isinstance(encoder.bilm._layer_matmuls(0), BatchedMatmuls)
+    encoder.embed_batch(SENTENCES)
+    assert not encoder.bilm._packed
+
+
+def test_without_the_packed_linear_bf16_falls_back_with_a_warning(tiny_model, native_bf16, monkeypatch):
+    def unavailable(*args):
+        raise RuntimeError("no packed linear in this torch (test)")
+
+    monkeypatch.setattr(bilm_module, "_onednn_native_bf16", lambda: True)  # on any CPU, reach the packing
+    monkeypatch.setattr(bilm_module.PackedMatmuls, "__init__", unavailable)
+    encoder = bf16_encoder(tiny_model, True)
+    with pytest.warns(UserWarning, match=r"stay batched: .*no packed linear in this torch \(test\)"):
+        fallen_back = encoder.embed_batch(SENTENCES)
+    assert encoder.bilm.packed_matmuls is False and not encoder.bilm._packed
+    for x, y in zip(fallen_back, bf16_encoder(tiny_model, False).embed_batch(SENTENCES), strict=True):
+        np.testing.assert_array_equal(x, y)
