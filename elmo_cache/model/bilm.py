@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -197,10 +198,10 @@ class BiLM:
         cd = self.compute_dtype
         cell_clip = float("inf") if self.options.cell_clip is None else float(self.options.cell_clip)
         proj_clip = self.options.proj_clip
-        cell_step = self._fused_cell or _lstm_cell
+        cell_step = self._fused_cell or _call
         out = torch.empty_like(x)
         x_cd = x.to(cd)
-        gates_x: tuple[torch.Tensor, torch.Tensor] = (x_cd[0, :0], x_cd[1, :0])  # replaced at step 0
+        gates_x: Any = None  # set at step 0: every layer starts a chunk there
         chunk_end_step = 0
         chunk_row0 = 0
         h_prev = h.to(cd)
@@ -217,7 +218,7 @@ class BiLM:
             n = packed.sizes[t]
             r0 = packed.starts[t] - chunk_row0
             gates_h = matmuls.recurrent(h_prev[:, :n])
-            hidden, cell = cell_step(gates_x[0], gates_x[1], r0, gates_h[0], gates_h[1], c_prev, cell_clip)
+            hidden, cell = cell_step(matmuls.cell, gates_x, r0, gates_h, c_prev, cell_clip)
             projected = matmuls.project(hidden.to(cd)).float()
             if proj_clip is not None:
                 projected.clamp_(-proj_clip, proj_clip)
@@ -258,15 +259,17 @@ def _onednn_native_bf16() -> bool:
 
 
 class LayerMatmuls:
-    """The three matrix products of one biLSTM layer, both directions at once. Each returns per-direction
-    results in the compute dtype: ``input_gates`` the input-to-gate products (plus bias) of a block of rows
-    ``(2, rows, P) -> 2 x (rows, 4 * D)``, ``recurrent`` the hidden-to-gate products ``(2, n, P) -> 2 x (n, 4 *
-    D)``, ``project`` the cell output's projection ``(2, n, D) -> (2, n, P)``."""
+    """The three matrix products of one biLSTM layer, both directions at once, in the compute dtype:
+    ``input_gates`` the input-to-gate products (plus bias) of a block of rows ``(2, rows, P)``, ``recurrent``
+    the hidden-to-gate products of ``(2, n, P)``, ``project`` the cell output's projection ``(2, n, D) -> (2, n,
+    P)``. The gates come in the shape the implementation's ``cell`` (the LSTM cell's element-wise update) takes."""
 
-    def input_gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cell: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def input_gates(self, x: torch.Tensor) -> Any:
         raise NotImplementedError
 
-    def recurrent(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def recurrent(self, h: torch.Tensor) -> Any:
         raise NotImplementedError
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -286,14 +289,13 @@ class BatchedMatmuls(LayerMatmuls):
     ) -> None:
         self.w_input, self.w_hidden, self.w_proj = w_input, w_hidden, w_proj
         self.bias = bias.unsqueeze(1).to(dtype)
+        self.cell = _lstm_cell
 
-    def input_gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gates = torch.baddbmm(self.bias, x, self.w_input)
-        return gates[0], gates[1]
+    def input_gates(self, x: torch.Tensor) -> torch.Tensor:  # (2, rows, 4 * D)
+        return torch.baddbmm(self.bias, x, self.w_input)
 
-    def recurrent(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gates = torch.bmm(h, self.w_hidden)
-        return gates[0], gates[1]
+    def recurrent(self, h: torch.Tensor) -> torch.Tensor:  # (2, n, 4 * D)
+        return torch.bmm(h, self.w_hidden)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.bmm(hidden, self.w_proj)
@@ -318,6 +320,7 @@ class PackedMatmuls(LayerMatmuls):
         self.w_proj = packed(w_proj, 256)
         self.bias = [bias[d].to(dtype) for d in range(2)]
         self.linear = torch.ops.mkldnn._linear_pointwise
+        self.cell = _lstm_cell_per_direction
 
     def input_gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (
@@ -335,34 +338,42 @@ class PackedMatmuls(LayerMatmuls):
         return torch.stack([self.linear(hidden[d], self.w_proj[d], None, "none", [], "") for d in range(2)])
 
 
+def _call(cell: Callable[..., tuple[torch.Tensor, torch.Tensor]], *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cell run eagerly (:class:`FusedCell` is the compiled counterpart)."""
+    return cell(*args)
+
+
 def _lstm_cell(
-    gates_x0: torch.Tensor,
-    gates_x1: torch.Tensor,
-    row0: int,
-    gates_h0: torch.Tensor,
-    gates_h1: torch.Tensor,
-    c_prev: torch.Tensor,
-    cell_clip: float,
+    gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gate non-linearities and cell update in float32; gate columns are i, f, o, j.
 
-    ``gates_x0``/``gates_x1`` are a whole chunk of input projections per direction and ``c_prev`` the previous
-    step's whole cell tensor; the live rows are sliced here, so the compiled kernel always sees contiguous inputs
-    (views with varying strides would make torch.compile recompile per pattern). The directions come apart
-    because a packed matmul gives one per call; compiled, each direction's results are written in place into
-    the stacked outputs.
+    ``gates_x`` is a whole chunk of input projections and ``c_prev`` the previous step's whole
+    cell tensor; the live rows are sliced here, so the compiled kernel always sees contiguous
+    inputs (views with varying strides would make torch.compile recompile per pattern).
     """
-    n = gates_h0.shape[0]
-    h0, c0 = _cell_direction(gates_x0[row0 : row0 + n], gates_h0, c_prev[0, :n], cell_clip)
-    h1, c1 = _cell_direction(gates_x1[row0 : row0 + n], gates_h1, c_prev[1, :n], cell_clip)
+    n = gates_h.shape[1]
+    return _cell_update(gates_x[:, row0 : row0 + n].float() + gates_h.float(), c_prev[:, :n], cell_clip)
+
+
+def _lstm_cell_per_direction(
+    gates_x: tuple[torch.Tensor, torch.Tensor],
+    row0: int,
+    gates_h: tuple[torch.Tensor, torch.Tensor],
+    c_prev: torch.Tensor,
+    cell_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_lstm_cell` on gates that come one tensor per direction (a packed matmul gives one per call).
+    Stacking them first would cost a pass over the gates (compiled, a conditional load per element); each
+    direction's results are written into the stacked outputs instead."""
+    n = gates_h[0].shape[0]
+    h0, c0 = _cell_update(gates_x[0][row0 : row0 + n].float() + gates_h[0].float(), c_prev[0, :n], cell_clip)
+    h1, c1 = _cell_update(gates_x[1][row0 : row0 + n].float() + gates_h[1].float(), c_prev[1, :n], cell_clip)
     return torch.stack((h0, h1)), torch.stack((c0, c1))
 
 
-def _cell_direction(
-    gates_x: torch.Tensor, gates_h: torch.Tensor, c: torch.Tensor, cell_clip: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _cell_update(gates: torch.Tensor, c: torch.Tensor, cell_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     d = c.shape[-1]
-    gates = gates_x.float() + gates_h.float()
     sig = torch.sigmoid(gates[..., : 3 * d])
     candidate = torch.tanh(gates[..., 3 * d :])
     cell = torch.addcmul(sig[..., d : 2 * d] * c, sig[..., :d], candidate).clamp_(-cell_clip, cell_clip)
@@ -395,26 +406,30 @@ def _compile(function: Any) -> Any:
 
 
 class FusedCell:
-    """:func:`_lstm_cell` compiled into one kernel: the cell update is memory-bound, and fusing its
-    ~8 passes over the (2, batch, 4 * lstm_dim) gates into one pays on every device. Falls back
-    to the eager version (same numbers within float32 round-off), once and for good, where
-    torch.compile cannot build a kernel, e.g. without a C++ compiler."""
+    """The LSTM cell (:func:`_lstm_cell`, or :func:`_lstm_cell_per_direction` behind packed matmuls) compiled
+    into one kernel: the cell update is memory-bound, and fusing its ~8 passes over the (2, batch, 4 *
+    lstm_dim) gates into one pays on every device. Falls back to the eager version (same numbers within
+    float32 round-off), once and for good, where torch.compile cannot build a kernel, e.g. without a C++
+    compiler."""
 
     def __init__(self) -> None:
-        self._compiled: Any = None
+        self._compiled: dict[Callable[..., Any], Any] = {}
         self.failed = False
 
-    def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, cell: Callable[..., tuple[torch.Tensor, torch.Tensor]], *args: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.failed:
-            return _lstm_cell(*args)
+            return cell(*args)
         try:
-            if self._compiled is None:
-                self._compiled = _compile(_lstm_cell)
-            result: tuple[torch.Tensor, torch.Tensor] = self._compiled(*args)
+            compiled = self._compiled.get(cell)
+            if compiled is None:
+                compiled = self._compiled[cell] = _compile(cell)
+            result: tuple[torch.Tensor, torch.Tensor] = compiled(*args)
             return result
         except Exception as exc:
             self.failed = True
             warnings.warn(
                 f"torch.compile of the LSTM cell failed, running eager ({type(exc).__name__}: {exc})", stacklevel=2
             )
-            return _lstm_cell(*args)
+            return cell(*args)

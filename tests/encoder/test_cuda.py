@@ -187,3 +187,27 @@ def test_server_encodes_unseen_sentences_on_the_gpu(tiny_model):
             close(decode(response), on_cpu.embed_sentence(tokenize(line)))
 
     run(app, scenario)
+
+
+@pytest.mark.parametrize(
+    "storage", [{"layers": (1, 2), "fp16": True}, {"quantize": "int8", "pool": "mean"}], ids=["fp16", "int8-pool"]
+)
+def test_a_sentence_written_back_on_the_gpu_holds_what_a_gpu_build_of_it_holds(tmp_path, tiny_model, storage):
+    """serve --write-back on a GPU: a miss encoded alone (AloneEncoder) keeps the bytes a one-line build on the
+    same GPU stores (the device's own rounding, as the CPU's test checks on the CPU)."""
+    from elmo_cache.builder import BuildOptions, build
+    from elmo_cache.builder.writeback import AloneEncoder
+
+    device = "cuda"
+    encoder = Encoder.load(tiny_model, device=device)
+    line = "the committee met on tuesday to discuss the new budget ."
+    corpus = write_corpus(tmp_path / "one.txt", [line])
+    build(corpus, BuildOptions(output=tmp_path / "one.zarr", device=device, progress=False, **storage), encoder=encoder)
+    with elmo_cache.open(tmp_path / "one.zarr") as cache:
+        alone = AloneEncoder.for_cache(encoder, cache).encode(tokenize(line))
+        raw = cache._sentence(0, stored=True)
+        rows = np.asarray(raw.transpose(1, 0, 2) if cache.kind == "layers" else raw)
+        assert alone.finite and alone.rows.dtype == rows.dtype and alone.rows.tobytes() == rows.tobytes()
+        if cache.pool is not None:
+            assert alone.pooled is not None
+            assert alone.pooled.tobytes() == np.asarray(cache.sentence_vector(0)).tobytes()

@@ -93,3 +93,15 @@ def test_without_the_packed_linear_bf16_falls_back_with_a_warning(tiny_model, na
     assert encoder.bilm.packed_matmuls is False and not encoder.bilm._packed
     for x, y in zip(fallen_back, bf16_encoder(tiny_model, False).embed_batch(SENTENCES), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_the_per_direction_cell_updates_what_the_stacked_cell_updates():
+    """Packed matmuls hand the cell one tensor per direction; its update is the stacked cell's, element for element."""
+    generator = torch.Generator().manual_seed(1)
+    gates_x, gates_h = torch.randn(2, 9, 16, generator=generator), torch.randn(2, 4, 16, generator=generator)
+    c_prev = torch.randn(2, 6, 4, generator=generator)
+    stacked = bilm_module._lstm_cell(gates_x, 3, gates_h, c_prev, 0.5)
+    apart = bilm_module._lstm_cell_per_direction((gates_x[0], gates_x[1]), 3, (gates_h[0], gates_h[1]), c_prev, 0.5)
+    for a, b in zip(apart, stacked, strict=True):
+        assert a.shape == b.shape == (2, 4, 4)
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
