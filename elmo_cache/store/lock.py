@@ -23,8 +23,9 @@ the next build would create a fresh file and lock that. Two guards close this:
   lock file.
 * **The holder checks its file at every commit** (:func:`check_held`, from the staging Writer): when the
   path no longer names the locked inode it takes the lock again (a fresh file, its owner record
-  rewritten, so readers keep seeing who builds); when another process holds whatever is there now
-  (a build on another host of a shared filesystem, where the socket cannot see), it stops with
+  rewritten, so readers keep seeing who builds), waiting up to a second for a second build on this host
+  that holds a fresh file only until the guard refuses it; when another process holds whatever is there
+  now (a build on another host of a shared filesystem, where the socket cannot see), it stops with
   :class:`~elmo_cache.errors.OutputLockedError` before that commit writes anything, so its interrupted
   work is resumable and never mixed into the other build's.
 """
@@ -267,7 +268,11 @@ def check_held(output: str | os.PathLike[str]) -> None:
 
     lock = _FileLock(path)
     try:
-        inode = lock.acquire(timeout=0)
+        # While this process holds the guard, no build on this host can start: one that holds the fresh file
+        # now is a second build between creating it and being refused at the guard, and lets it go within
+        # moments. Waiting for it, rather than stopping, keeps a refused build from ending this one. Without
+        # a guard (or past the wait) the holder is real: a build on another host of a shared filesystem.
+        inode = lock.acquire(timeout=_ACQUIRE_TIMEOUT_S if held.guard is not None else 0)
     except (filelock.Timeout, OSError):
         raise OutputLockedError(
             f"{held.output}: its build lock {path} was removed or replaced while this build held it, and "

@@ -202,9 +202,9 @@ def test_deleting_the_lock_file_of_a_running_build_never_lets_a_second_one_start
             assert staging_path(output).is_dir() and _committed(output) > 0
 
             stream.write("\n".join(LINES[10:]) + "\n")
-        assert process.wait(timeout=120) == 0
+        code = process.wait(timeout=120)
         err = process.stderr.read()
-        assert "Traceback" not in err, err
+        assert code == 0 and "Traceback" not in err, err
     finally:
         _stop(process)
     assert not lock_path(output).exists() and current_builder(output) is None
@@ -225,6 +225,38 @@ def test_a_holder_whose_lock_file_was_deleted_takes_it_again_at_its_next_commit(
     assert not lock_path(output).exists() and current_builder(output) is None
     with output_lock(output):  # nothing of the first lock is left behind
         pass
+
+
+def test_a_second_build_refused_at_the_guard_never_stops_the_holder(tmp_path):
+    """A second build on this host creates a fresh lock file where the holder's was deleted and locks it before
+    the guard refuses it; the holder committing at that moment waits for it instead of stopping (it did stop:
+    the race behind test_deleting_the_lock_file_of_a_running_build_never_lets_a_second_one_start's failures)."""
+    import fcntl
+    import threading
+
+    output = tmp_path / "c.zarr"
+    with output_lock(output):
+        lock_path(output).unlink()
+        # What a refused build does (output_lock): a fresh file, locked; refused at the guard; its file removed,
+        # its lock released.
+        fd = os.open(lock_path(output), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+        def refused_build_lets_go() -> None:
+            time.sleep(0.3)
+            os.unlink(lock_path(output))
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+        letting_go = threading.Thread(target=refused_build_lets_go)
+        letting_go.start()
+        try:
+            check_held(output)  # the holder's next commit, while the refused build still holds the fresh file
+        finally:
+            letting_go.join()
+        assert json.loads(lock_path(output).read_text())["pid"] == os.getpid()
+        assert current_builder(output).pid == os.getpid()
+    assert not lock_path(output).exists() and current_builder(output) is None
 
 
 _HOLD = """
