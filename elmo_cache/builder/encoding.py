@@ -66,9 +66,10 @@ def is_cut_point(sentence_hash: int, cost: int, span: int) -> bool:
     return sentence_hash % span < cost
 
 
-def default_batch_tokens(options: BuildOptions, device_type: str, model_format: str | None = None) -> int:
-    """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type for a model of
-    ``model_format`` (``identity["options"]["format"]``; None: ELMo)."""
+def default_batch_tokens(options: BuildOptions, device_type: str, model_identity: dict | None = None) -> int:
+    """Tokens per encoder batch: ``options.batch_tokens``, else the default of the device type for the model of
+    ``model_identity`` (its ``options["format"]``; None: ELMo)."""
+    model_format = ((model_identity or {}).get("options") or {}).get("format")
     return options.batch_tokens or batch_tokens_for(device_type, model_format)
 
 

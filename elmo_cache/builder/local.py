@@ -314,7 +314,7 @@ class LocalRun:
         self.unchanged_lines = found.unchanged_lines
         device_type = getattr(getattr(encoder, "device", None), "type", "cpu")
         self.batch_tokens = (
-            default_batch_tokens(options, device_type, job.model.identity["options"].get("format"))
+            default_batch_tokens(options, device_type, job.model.identity)
             if self.updating is None
             else update_batch_tokens(plan.output, self.updating, options.batch_tokens, options.window_batches)
         )

@@ -196,7 +196,7 @@ class RayRun:
         ray, options, plan, ident = engine.ray, job.options, job.plan, job.identity
         self.ray, self.job = ray, job
         device = _device(ray, options)
-        batch_tokens = default_batch_tokens(options, device.split(":")[0], job.model.identity["options"].get("format"))
+        batch_tokens = default_batch_tokens(options, device.split(":")[0], job.model.identity)
         window_tokens = batch_tokens * options.window_batches
         # The local engine records the same (both cut by WindowCutter): their caches are byte-identical.
         self.windows = windows_entry(batch_tokens, options.window_batches)
