@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from elmo_cache.builder.alloc import WindowBuffers, fix_mmap_threshold
+from elmo_cache.builder.alloc import WindowBuffers, fix_mmap_threshold, trim_heap
 from elmo_cache.builder.dedupe import SeenSentences, assign_rows, check_hashes
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.plan import Plan
@@ -316,8 +316,8 @@ class WindowEncoder:
         corpus: str = "the corpus",
         buffers: WindowBuffers | None = None,
     ):
-        # Both engines encode windows through here: without it the process's heap creeps up window after
-        # window (see elmo_cache.builder.alloc).
+        # Both engines encode windows through here: glibc's heap keeps a window's blocks and gives them back at
+        # its end (trim_heap in encode; see elmo_cache.builder.alloc).
         fix_mmap_threshold()
         self.encoder = encoder
         # Where a window's rows go: blocks the caller gives back once written (the local engine), else fresh.
@@ -479,6 +479,9 @@ class WindowEncoder:
             torch.from_numpy(vectors).copy_(window)
         if progress is not None and len(lengths) > len(todo):
             progress(len(lengths) - len(todo))
+        # What this window's batches freed goes back to the system now, so the heap cannot creep from window to
+        # window (elmo_cache.builder.alloc).
+        trim_heap()
         return vectors, pooled, encoded
 
     def _window_on_device(self, nbytes: int) -> bool:

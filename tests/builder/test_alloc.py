@@ -1,14 +1,113 @@
-"""elmo_cache.builder.alloc: window buffers used again, and a build that uses them stores what one without does."""
+"""elmo_cache.builder.alloc: glibc's heap kept within a window and handed back at its end, window buffers used
+again, and a build that uses them stores what one without does."""
 
 from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+import elmo_cache.builder.encoding as encoding
 import elmo_cache.builder.local as local
 from elmo_cache.builder import BuildOptions, build
-from elmo_cache.builder.alloc import WindowBuffers
+from elmo_cache.builder.alloc import MMAP_THRESHOLD, WindowBuffers
 from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
+
+
+def _glibc_with_mallinfo2() -> bool:
+    try:
+        return sys.platform.startswith("linux") and hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+    except OSError:
+        return False
+
+
+needs_glibc = pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ (mallopt, mallinfo2) only")
+
+# Run in a child: the thresholds are the whole process's. Prints what the heap did with blocks of each size.
+_HEAP = """
+import ctypes, sys
+from elmo_cache.builder.alloc import MMAP_THRESHOLD, fix_mmap_threshold, trim_heap
+
+NAMES = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in NAMES.split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+assert fix_mmap_threshold()
+if sys.argv[1] == "mapped":
+    for size in (16 << 20, MMAP_THRESHOLD + (1 << 20)):  # a batch's block (1-32 MiB), and a larger one
+        before = libc.mallinfo2().hblkhd
+        block = libc.malloc(size)
+        print(libc.mallinfo2().hblkhd - before)
+        libc.free(block)
+else:
+    size = 4 << 20
+    blocks = [libc.malloc(size) for _ in range(40)]
+    for block in blocks:
+        ctypes.memset(block, 1, size)
+    for block in blocks[:-1]:  # the last one stays in use, above the freed ones: nothing is at the heap's top
+        libc.free(block)
+    before = anon()
+    if sys.argv[1] == "trim":
+        assert trim_heap()
+    print(before - anon())
+"""
+
+
+def _heap(case: str) -> list[int]:
+    out = subprocess.run([sys.executable, "-c", _HEAP, case], capture_output=True, text=True, check=True).stdout
+    return [int(line) for line in out.split()]
+
+
+@needs_glibc
+def test_the_heap_serves_blocks_under_the_threshold_and_maps_larger_ones():
+    under, over = _heap("mapped")
+    assert under == 0  # 16 MiB from the heap: used again by the next batch, no fresh pages
+    assert over >= MMAP_THRESHOLD  # its own mapping, returned on free
+
+
+@needs_glibc
+def test_trimming_hands_the_pages_a_window_freed_back_to_the_system():
+    freed = 39 * (4 << 20)
+    (kept,) = _heap("keep")
+    (trimmed,) = _heap("trim")
+    assert kept < freed // 4  # without a trim the freed blocks stay resident (under the trim threshold's reach)
+    assert trimmed > freed * 3 // 4
+
+
+def test_every_window_ends_with_the_heap_trimmed(tmp_path, tiny_encoder, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus.txt", corpus_lines(120, seed=5))
+    trims = 0
+    windows = 0
+
+    def counted_trim():
+        nonlocal trims
+        trims += 1
+        return True
+
+    class Counting(WindowBuffers):
+        def empty(self, shape, dtype):
+            nonlocal windows
+            windows += 1
+            return super().empty(shape, dtype)
+
+    monkeypatch.setattr(encoding, "trim_heap", counted_trim)
+    monkeypatch.setattr(local, "WindowBuffers", Counting)
+    options = BuildOptions(output=tmp_path / "out.zarr", batch_tokens=32, window_batches=1, progress=False)
+    build(corpus, options, encoder=tiny_encoder)
+    assert windows >= 10 and trims == windows
 
 
 def address(array: np.ndarray) -> int:
