@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _compare import cache_difference
-from _corpus import make_corpus
+from _corpus import make_corpus, write_corpus
 from _machine import describe_machine
 
 from elmo_cache.builder import BuildOptions, build
@@ -40,10 +40,6 @@ def copy_cache(source: Path, target: Path) -> None:
         shutil.copytree(source, target)
     else:
         shutil.copy2(source, target)
-
-
-def write_corpus(path: Path, sentences: list[list[str]]) -> None:
-    path.write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
 
 
 def timed_build(corpus: Path, options: BuildOptions):
@@ -79,7 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-update-") as tmp:
         work = Path(tmp)
         corpus = work / "corpus.txt"
-        write_corpus(corpus, base)
+        write_corpus(base, corpus)
         first = work / f"first{suffix}"
         full, seconds, written = timed_build(corpus, BuildOptions(output=first, **common))
         print(
@@ -96,7 +92,7 @@ def main() -> None:
                     new = base[:middle] + extra[:n] + base[middle + n :]
                 else:
                     raise SystemExit(f"--change: {change!r} is not one of append, middle")
-                write_corpus(corpus, new)
+                write_corpus(new, corpus)
                 target = work / f"updated{suffix}"
                 copy_cache(first, target)
                 summary, u_seconds, u_written = timed_build(corpus, BuildOptions(output=target, update=True, **common))
