@@ -10,7 +10,8 @@ crept up window after window (anonymous memory at the end of a 250k-token build 
 
 A threshold of 1 MiB bounded memory but made every block of 1 MiB or more a fresh mapping, and filling
 fresh memory costs a page fault per 4 KiB (0.43 GB/s on this project's 2-core CPU against 8.15 GB/s for
-memory used before): builds ran 1.3-1.6x longer. So the heap now serves blocks up to 32 MiB again and keeps
+memory used before): builds with the bundled model ran 1.4x longer (1.07x with the Original shape, whose
+model work dwarfs its allocations). So the heap now serves blocks up to 32 MiB again and keeps
 them while a window is encoded (:func:`fix_mmap_threshold`, with the trim threshold the dynamic default
 would reach, so that the top of the heap is not handed back and faulted in again batch after batch), and
 :func:`trim_heap` hands every arena's free pages back once per window: memory cannot creep from window to
