@@ -3,7 +3,6 @@ sees a new input shape nearly every batch, and with torch's defaults every shape
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -11,21 +10,18 @@ import sys
 import pytest
 
 from elmo_cache._primitives import PRIMITIVE_CACHE_CAPACITY, PRIMITIVE_CACHE_VARIABLES
+from tests._glibc import MALLINFO2, needs_mallinfo2
 
 # Malloc'ed bytes still in use after convolutions of 300 distinct batch sizes (glibc's mallinfo2).
-_GROWTH = """
-import ctypes, sys
+_GROWTH = (
+    MALLINFO2
+    + """
+import sys
 if sys.argv[1] == "elmo_cache":
     import elmo_cache  # first, as a build's process does
 import torch
 import torch.nn.functional as F
 
-class Info(ctypes.Structure):
-    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-    _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = Info
 torch.set_num_threads(1)
 weight = torch.randn(32, 4, 3)
 with torch.inference_mode():
@@ -36,6 +32,7 @@ with torch.inference_mode():
         F.conv1d(torch.randn(n, 4, 50), weight)
     print(libc.mallinfo2().uordblks - before)
 """
+)
 
 
 def _env_without_capacities() -> dict[str, str]:
@@ -52,15 +49,7 @@ def test_import_sets_the_capacities_unless_set():
     assert out.split() == ["5", str(PRIMITIVE_CACHE_CAPACITY)]
 
 
-def _has_mallinfo2() -> bool:
-    """Whether this C library is glibc 2.33 or later (mallinfo2): the one capability the measure needs."""
-    try:
-        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc's mallinfo2 (libc.so.6, glibc 2.33+)")
+@needs_mallinfo2
 def test_convolutions_of_many_shapes_do_not_accumulate_primitives():
     def growth(first: str) -> int:
         run = subprocess.run(

@@ -3,7 +3,6 @@ again, and a build that uses them stores what one without does."""
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 
@@ -15,29 +14,15 @@ import elmo_cache.builder.local as local
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.alloc import MMAP_THRESHOLD, WindowBuffers
 from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
-
-
-def _glibc_with_mallinfo2() -> bool:
-    try:
-        return sys.platform.startswith("linux") and hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
-    except OSError:
-        return False
-
-
-needs_glibc = pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ (mallopt, mallinfo2) only")
+from tests._glibc import MALLINFO2, needs_mallinfo2
 
 # Run in a child: the thresholds are the whole process's. Prints what the heap did with blocks of each size.
-_HEAP = """
-import ctypes, sys
+_HEAP = (
+    MALLINFO2
+    + """
+import sys
 from elmo_cache.builder.alloc import MMAP_THRESHOLD, fix_mmap_threshold, trim_heap
 
-NAMES = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-
-class Info(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in NAMES.split()]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = Info
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
 
@@ -64,6 +49,7 @@ else:
         assert trim_heap()
     print(before - anon())
 """
+)
 
 
 def _heap(case: str) -> list[int]:
@@ -71,14 +57,14 @@ def _heap(case: str) -> list[int]:
     return [int(line) for line in out.split()]
 
 
-@needs_glibc
+@needs_mallinfo2
 def test_the_heap_serves_blocks_under_the_threshold_and_maps_larger_ones():
     under, over = _heap("mapped")
     assert under == 0  # 16 MiB from the heap: used again by the next batch, no fresh pages
     assert over >= MMAP_THRESHOLD  # its own mapping, returned on free
 
 
-@needs_glibc
+@needs_mallinfo2
 def test_trimming_hands_the_pages_a_window_freed_back_to_the_system():
     freed = 39 * (4 << 20)
     (kept,) = _heap("keep")
