@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -28,6 +30,9 @@ from _corpus import make_corpus, write_corpus
 from _machine import describe_machine
 
 from elmo_cache.builder import BuildOptions, build
+from elmo_cache.builder.corpus_record import stored_line_hashes
+from elmo_cache.builder.encoding import window_bounds
+from elmo_cache.store import open_cache_arrays
 
 
 def written_bytes() -> int:
@@ -40,6 +45,16 @@ def copy_cache(source: Path, target: Path) -> None:
         shutil.copytree(source, target)
     else:
         shutil.copy2(source, target)
+
+
+def last_window_tokens(cache: Path, window_tokens: int) -> int:
+    """The tokens of the cache's last window (cut by the corpus's end), which an append encodes again."""
+    _, _, arrays, _ = open_cache_arrays(cache)
+    lengths = np.asarray(arrays["lengths"][:], dtype=np.int32)
+    keys = stored_line_hashes(cache)
+    assert keys is not None
+    first, stop = window_bounds(keys, lengths, window_tokens)[-1]
+    return int(lengths[first:stop].sum(dtype=np.int64))
 
 
 def timed_build(corpus: Path, options: BuildOptions):
@@ -56,6 +71,12 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=8192)
     parser.add_argument("--window-batches", type=int, default=8)
     parser.add_argument("--format", default="zarr", choices=["zarr", "hdf5"])
+    parser.add_argument(
+        "--tokenize",
+        default="default",
+        choices=["default", "whitespace", "ptb"],
+        help="how lines are split; default: the model's own (PTB-style for the bundled model), as a user's build",
+    )
     parser.add_argument("--check", action="store_true", help="compare each updated cache with a fresh build")
     args = parser.parse_args()
 
@@ -69,8 +90,8 @@ def main() -> None:
         batch_tokens=args.batch_tokens,
         window_batches=args.window_batches,
         progress=False,
-        tokenize="whitespace",
         device="cpu",
+        **({} if args.tokenize == "default" else {"tokenize": args.tokenize}),
     )
     with tempfile.TemporaryDirectory(prefix="bench-update-") as tmp:
         work = Path(tmp)
@@ -80,7 +101,8 @@ def main() -> None:
         full, seconds, written = timed_build(corpus, BuildOptions(output=first, **common))
         print(
             f"full build: {full.n_sentences:,} lines, {full.n_tokens:,} tokens, {full.windows_encoded} windows, "
-            f"{seconds:.1f} s, {written:,} bytes written"
+            f"{seconds:.1f} s, {written:,} bytes written; its last window (cut by the corpus's end, encoded again "
+            f"by an append): {last_window_tokens(first, args.batch_tokens * args.window_batches):,} tokens"
         )
         for change in args.change.split(","):
             for share in shares:

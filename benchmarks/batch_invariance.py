@@ -1,0 +1,99 @@
+"""Whether a sentence's vectors depend, in their last bits, on the sentences it is batched with (issue 32).
+
+    python benchmarks/batch_invariance.py                          # bundled model, fp32 and bf16, this device
+    python benchmarks/batch_invariance.py --precision fp32 --threads 1
+
+An update must write the bytes a fresh build writes, so today it encodes again every window (the sentences a
+build encodes together) that an edit or an append touches; an append re-encodes the old last window, about half
+a window on average. If a sentence's rows were the same bits in any batch, an update could copy every unchanged
+sentence's rows and encode only the changed lines. This script measures how far that holds on this machine:
+
+* the char-CNN: the vectors of a sentence's words computed in word lists of M words, against M = 4,000;
+* the biLSTM: a sentence (the longest of 50) encoded in batches of several compositions, against a batch where
+  three longer sentences and fifty shorter ones keep every one of its steps in a product of many rows.
+
+It prints, for each case, how many of the sentence's rows differ in any bit per layer (0 is invariant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _corpus import make_corpus
+from _machine import describe_machine
+
+from elmo_cache.encoder.encoder import Encoder
+
+
+def differing_rows(got: torch.Tensor, want: torch.Tensor) -> list[int]:
+    """Per layer, the rows of ``got`` that differ from ``want`` in any bit."""
+    return [int((got[layer] != want[layer]).any(dim=1).sum()) for layer in range(got.shape[0])]
+
+
+def word_vectors_case(encoder: Encoder, sentence: list[str], vocabulary: list[str]) -> None:
+    others = [w for w in vocabulary if w not in sentence]
+    reference = encoder._token_vectors(list(dict.fromkeys(sentence)) + others[:4000])
+    want = {w: reference[i] for i, w in enumerate(dict.fromkeys(sentence))}
+    for m in (1, 2, 3, 4, 8, 16, 64, 1000):
+        words = list(dict.fromkeys(sentence))[:m]
+        words += others[: max(0, m - len(words))]
+        got = encoder._token_vectors(words)
+        differ = sum(int((got[i] != want[w]).any()) for i, w in enumerate(words) if w in want)
+        print(f"  char-CNN, {m:5d} words per product: {differ} of {sum(w in want for w in words)} word vectors differ")
+
+
+def sentence_case(encoder: Encoder, pool: list[list[str]]) -> None:
+    sentence = max(pool[:50], key=len)
+    shorter = [s for s in pool if 3 < len(s) < len(sentence) - 5]
+    longer = [s for s in pool if len(s) > len(sentence) + 5]
+
+    def rows(batch: list[list[str]]) -> torch.Tensor:
+        encoder.clear_word_cache()
+        out, offsets = encoder.encode_flat(batch)
+        i = next(k for k, s in enumerate(batch) if s is sentence)
+        return out[:, offsets[i] : offsets[i + 1]].clone()
+
+    want = rows(longer[:3] + [sentence] + shorter[:50])
+    cases = [
+        ("alone", [sentence]),
+        ("the longest of 4", [sentence] + shorter[:3]),
+        ("the longest of 41", [sentence] + shorter[:40]),
+        ("with 1 longer", [sentence, longer[0]]),
+        ("with 2 longer", [sentence] + longer[1:3]),
+        ("with 3 longer", [sentence] + longer[3:6]),
+        ("with 8 longer and 100 shorter", longer[6:14] + [sentence] + shorter[50:150]),
+    ]
+    for name, batch in cases:
+        differ = differing_rows(rows(batch), want)
+        print(f"  a sentence of {len(sentence)} tokens {name}: rows differing per layer {differ}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16, fp16")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("\n".join(describe_machine(args.device).lines()))
+    pool = make_corpus(3000 * 40, seed=5)[:3000]
+    vocabulary = sorted({w for s in pool for w in s})
+    for precision in args.precision.split(","):
+        encoder = Encoder.load(args.model, precision=precision, device=args.device)
+        print(f"{args.model}, {precision}, {args.device}:")
+        with torch.inference_mode():
+            word_vectors_case(encoder, pool[7], vocabulary)
+            sentence_case(encoder, pool)
+
+
+if __name__ == "__main__":
+    main()
