@@ -2,6 +2,7 @@
 
     python benchmarks/batch_invariance.py                          # bundled model, fp32 and bf16, this device
     python benchmarks/batch_invariance.py --precision fp32 --threads 1
+    python benchmarks/batch_invariance.py --precision fp32 --pad-products 4 --pad-words 16     # the experiment
 
 An update must write the bytes a fresh build writes, so today it encodes again every window (the sentences a
 build encodes together) that an edit or an append touches; an append re-encodes the old last window, about half
@@ -12,12 +13,18 @@ sentence's rows and encode only the changed lines. This script measures how far 
 * the biLSTM: a sentence (the longest of 50) encoded in batches of several compositions, against a batch where
   three longer sentences and fifty shorter ones keep every one of its steps in a product of many rows.
 
-It prints, for each case, how many of the sentence's rows differ in any bit per layer (0 is invariant).
+* many sentences: each encoded alone, then inside six batches of 50-600 random others, as a build's would be.
+
+It prints, for each case, how many rows (or sentences) differ in any bit per layer (0 is invariant).
+``--pad-products N`` and ``--pad-words N`` are an experiment, not the library's behaviour: they round the row count
+of every LSTM product (input, recurrent, projection) and of every char-CNN call up to a multiple of N, with rows
+that are thrown away, to see whether that makes the fp32 rows the same in any batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from pathlib import Path
 
@@ -30,6 +37,42 @@ from _corpus import make_corpus
 from _machine import describe_machine
 
 from elmo_cache.encoder.encoder import Encoder
+from elmo_cache.model import bilm
+
+
+def pad_rows(products: int, words: int) -> None:
+    """The experiment of ``--pad-products``/``--pad-words``: every product's rows rounded up to a multiple."""
+
+    def rounded(n: int, multiple: int) -> int:
+        return -(-n // multiple) * multiple
+
+    def padded(product):  # type: ignore[no-untyped-def]
+        def run(self, x: torch.Tensor) -> torch.Tensor:
+            n = x.shape[1]
+            extra = rounded(n, products) - n
+            if not extra:
+                return product(self, x)
+            return product(self, torch.cat([x, x.new_zeros(x.shape[0], extra, x.shape[2])], dim=1))[:, :n]
+
+        return run
+
+    if products > 1:
+        for name in ("input_gates", "recurrent", "project"):
+            setattr(bilm.BatchedMatmuls, name, padded(getattr(bilm.BatchedMatmuls, name)))
+    embeddings = bilm.BiLM.token_embeddings
+
+    def token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None = None) -> torch.Tensor:
+        n = char_ids.shape[0]
+        extra = rounded(n, words) - n
+        if not extra:
+            return embeddings(self, char_ids, word_ids)
+        char_ids = torch.cat([char_ids, char_ids[:1].expand(extra, *char_ids.shape[1:])])
+        if word_ids is not None:
+            word_ids = torch.cat([word_ids, word_ids[:1].expand(extra)])
+        return embeddings(self, char_ids, word_ids)[:n]
+
+    if words > 1:
+        bilm.BiLM.token_embeddings = token_embeddings  # type: ignore[method-assign]
 
 
 def differing_rows(got: torch.Tensor, want: torch.Tensor) -> list[int]:
@@ -75,13 +118,42 @@ def sentence_case(encoder: Encoder, pool: list[list[str]]) -> None:
         print(f"  a sentence of {len(sentence)} tokens {name}: rows differing per layer {differ}")
 
 
+def many_sentences_case(encoder: Encoder, pool: list[list[str]]) -> None:
+    rng = random.Random(1)
+    targets = list(range(0, len(pool), 15))
+    alone = {}
+    for i in targets:
+        encoder.clear_word_cache()
+        out, _ = encoder.encode_flat([pool[i]])
+        alone[i] = out.clone()
+    by_layer = [0, 0, 0]
+    differ = total = 0
+    for trial in range(6):
+        lines = rng.sample(range(len(pool)), rng.choice([50, 300, 600]))
+        lines += [i for i in targets[trial::6] if i not in lines]
+        rng.shuffle(lines)
+        encoder.clear_word_cache()
+        out, offsets = encoder.encode_flat([pool[i] for i in lines])
+        for k, i in enumerate(lines):
+            if i in alone:
+                rows = out[:, offsets[k] : offsets[k + 1]]
+                layers = [not torch.equal(rows[layer], alone[i][layer]) for layer in range(rows.shape[0])]
+                by_layer = [a + int(b) for a, b in zip(by_layer, layers)]
+                differ += int(any(layers))
+                total += 1
+    print(f"  {total} sentences in random batches of 50-600: {differ} differ from alone (per layer {by_layer})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16, fp16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--pad-products", type=int, default=1, help="experiment: LSTM products' rows to a multiple")
+    parser.add_argument("--pad-words", type=int, default=1, help="experiment: char-CNN rows to a multiple")
     args = parser.parse_args()
+    pad_rows(args.pad_products, args.pad_words)
     if args.threads:
         torch.set_num_threads(args.threads)
     print("\n".join(describe_machine(args.device).lines()))
@@ -89,10 +161,13 @@ def main() -> None:
     vocabulary = sorted({w for s in pool for w in s})
     for precision in args.precision.split(","):
         encoder = Encoder.load(args.model, precision=precision, device=args.device)
-        print(f"{args.model}, {precision}, {args.device}:")
+        padded = args.pad_products > 1 or args.pad_words > 1
+        padding = f", products padded to x{args.pad_products}, words to x{args.pad_words}" if padded else ""
+        print(f"{args.model}, {precision}, {args.device}{padding}:")
         with torch.inference_mode():
             word_vectors_case(encoder, pool[7], vocabulary)
             sentence_case(encoder, pool)
+            many_sentences_case(encoder, make_corpus(3000 * 40, seed=9)[:3000])
 
 
 if __name__ == "__main__":
