@@ -102,15 +102,16 @@ def _read_windows(
     window_tokens: int,
     output: queue.Queue,
     stop: threading.Event,
+    known: Iterator[tuple[list[str], int]] | None = None,
 ) -> None:
-    """Reader thread: put windows (then None at the end, or the exception that stopped it)."""
+    """Reader thread: put windows (then None at the end, or the exception that stopped it). ``known``: the tokens
+    and keys of the corpus's first lines, as an update's corpus check found them (not read again)."""
     cutter = WindowCutter(start, window_tokens)
     try:
         check: list[int] = []
         read = 0
-        for number, sentence in source.sentences():
+        for number, sentence, h in _keyed_sentences(source, known):
             read = number + 1
-            h = sentence_hash(sentence)
             if number < start:
                 # Re-read committed lines only to prove the corpus is the one they came from.
                 check.append(h)
@@ -140,6 +141,19 @@ def _read_windows(
             _put(output, exc, stop)
         except _Stop:
             return
+
+
+def _keyed_sentences(
+    source: Corpus, known: Iterator[tuple[list[str], int]] | None
+) -> Iterator[tuple[int, list[str], int]]:
+    """``(line, tokens, key)`` of every sentence of ``source``: those of ``known`` first, then the corpus's from
+    the line after them on (skipped unread, :meth:`Corpus.sentences`)."""
+    first = 0
+    for tokens, key in known if known is not None else ():
+        yield first, tokens, key
+        first += 1
+    for number, sentence in source.sentences(first):
+        yield number, sentence, sentence_hash(sentence)
 
 
 def _check_prefix(source: Corpus, committed: np.ndarray | None, first: int, hashes: list[int]) -> None:
@@ -383,6 +397,7 @@ class LocalRun:
                 batch_tokens,
                 stored,
                 self.counts,
+                self.unchanged_lines,
             )
 
     def _same_codebooks(self) -> bool:
@@ -445,10 +460,11 @@ def _run(
     batch_tokens: int,
     stored: StoredWindows | None = None,
     counts: WindowCounts | None = None,
+    unchanged_lines: int = 0,
 ) -> None:
     """Encode from the last committed line to the end of the corpus, committing as it goes: a reader
     thread cuts windows, this thread encodes them (or, updating, copies ``stored`` rows), a writer thread
-    commits their rows."""
+    commits their rows. ``unchanged_lines``: an update's lines before the first the corpus check found changed."""
     progress = writer.progress
     committed = writer.hashes.read(progress.lines) if progress.lines else None
     seen = _seen_sentences(writer, committed) if options.dedupe else None
@@ -457,11 +473,13 @@ def _run(
     bar = _progress_bar(source, progress.lines) if options.progress else None
     windows: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
+    # An update's lines before its first change are the cache's own: their tokens come from it.
+    known = stored.sentences(unchanged_lines) if stored is not None else None
     reader = threading.Thread(
         target=_read_windows,
         name="elmo-cache-reader",
         daemon=True,
-        args=(source, progress.lines, committed, batch_tokens * options.window_batches, windows, stop),
+        args=(source, progress.lines, committed, batch_tokens * options.window_batches, windows, stop, known),
     )
     writer_thread = _WriterThread(writer, options.commit_seconds, bar, run_start, buffers)
     reader.start()

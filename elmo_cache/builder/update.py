@@ -26,6 +26,7 @@ sizes, cannot give a fresh build's bytes: the update refuses it and says how to 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,9 @@ from elmo_cache.builder.encoding import WINDOW_RULE, Window, window_bounds, wind
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store import open_cache_arrays
 from elmo_cache.store.blocksums import guards
-from elmo_cache.store.format import POOLED_ARRAY
+from elmo_cache.store.format import POOLED_ARRAY, TEXT_ENCODING
 from elmo_cache.store.staging import encode_tokens
-from elmo_cache.text.tokenize import key_hash
+from elmo_cache.text.tokenize import key_hash, split_key
 
 __all__ = ["StoredWindows", "WindowCounts", "update_batch_tokens"]
 
@@ -119,6 +120,7 @@ class StoredWindows:
         self.encoded = self.offsets >= before
         # The row each line's rows would start at: where every earlier line's end.
         self.row_at = np.concatenate([[0], np.maximum.accumulate(ends)]) if n else np.zeros(1, np.int64)
+        self.keys = keys
         self.bounds = window_bounds(keys, self.lengths, window_tokens)
         self.windows: dict[bytes, list[tuple[int, int]]] = {}
         for first, stop in self.bounds:
@@ -133,6 +135,14 @@ class StoredWindows:
         window: a corpus's end cuts it, which a longer corpus may not.)"""
         before = [stop for _, stop in self.bounds[:-1] if stop <= unchanged_lines]
         return int(self.row_at[before[-1]]) if before else 0
+
+    def sentences(self, stop: int) -> Iterator[tuple[list[str], int]]:
+        """The tokens and key of each of the cache's first ``stop`` lines, from its stored tokens: an update's
+        reader takes the lines the corpus check found unchanged from here instead of splitting them again (the
+        PTB rules cost ~17 us a line, a stored line ~1)."""
+        for i in range(min(stop, len(self.lengths))):
+            key = self.text[self.text_starts[i] : self.text_starts[i + 1]].decode(*TEXT_ENCODING)
+            yield split_key(key), int(self.keys[i])
 
     def rows(self, window: Window, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The stored rows of ``window``'s encoded (``new``) sentences in line order, and with ``--pool`` its

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import elmo_cache
+import elmo_cache.text.corpus as corpus_module
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.encoding import WindowCutter
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
@@ -169,6 +171,40 @@ def test_an_update_equals_a_fresh_build_and_encodes_only_the_changed_windows(
     if not extra.get("pool_only"):
         np.testing.assert_array_equal(np.array(reader[0]), old_first)
     reader.close()
+
+
+@pytest.mark.parametrize("edit", ["append", "change"])
+def test_an_update_splits_again_only_the_lines_from_its_first_change_on(tmp_path, tiny_encoder, monkeypatch, edit):
+    """The corpus check splits every line; the reader thread then takes the lines before the first change from the
+    cache's stored tokens (the PTB rules cost far more than reading them), and the cache is a fresh build's."""
+    old = corpus_lines(N, seed=14)
+    new = edited(old, edit)
+    first = len(old) if edit == "append" else len(old) // 2
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    options = {**SIZES, "progress": False, "tokenize": "ptb"}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    write_corpus(corpus, new)
+    split = [0]
+    original = corpus_module.tokenizer_for
+
+    def counting_tokenizer(tokenization):
+        tokenizer = original(tokenization)
+
+        def counted(text):
+            split[0] += threading.current_thread().name == "elmo-cache-reader"
+            return tokenizer(text)
+
+        return counted
+
+    monkeypatch.setattr(corpus_module, "tokenizer_for", counting_tokenizer)
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    assert summary.updated and summary.lines_reused > 0
+    assert split[0] == len(new) - first
+    monkeypatch.undo()
+    fresh = tmp_path / "fresh.zarr"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
 
 
 def test_an_update_of_a_pq_cache_equals_a_fresh_build(tmp_path, tiny_encoder):
