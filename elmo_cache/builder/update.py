@@ -19,6 +19,8 @@ files that lie wholly before the first changed window are the old cache's own fi
 (:meth:`ZarrWriter.link_unchanged <elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending
 writes the last files and the per-line arrays; every row after an edit in the middle moves and is written
 again, and an HDF5 cache (one file) is written whole.
+The lines before the first one the corpus check found changed are not split again either: their tokens and keys
+come from the cache (:meth:`StoredWindows.sentences`), so a small append tokenises its corpus once, in the check.
 A cache written before the windows were recorded (metadata ``windows``), or cut and batched with other
 sizes, cannot give a fresh build's bytes: the update refuses it and says how to rebuild.
 """
