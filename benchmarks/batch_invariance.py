@@ -17,8 +17,8 @@ sentence's rows and encode only the changed lines. This script measures how far 
 
 It prints, for each case, how many rows (or sentences) differ in any bit per layer (0 is invariant).
 ``--pad-products N`` and ``--pad-words N`` are an experiment, not the library's behaviour: they round the row count
-of every LSTM product (input, recurrent, projection) and of every char-CNN call up to a multiple of N, with rows
-that are thrown away, to see whether that makes the fp32 rows the same in any batch.
+of every LSTM product (input, recurrent, projection; batched and oneDNN-packed) and of every char-CNN call up to a
+multiple of N, with rows that are thrown away, to see whether that makes the rows the same in any batch.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,19 +47,22 @@ def pad_rows(products: int, words: int) -> None:
     def rounded(n: int, multiple: int) -> int:
         return -(-n // multiple) * multiple
 
-    def padded(product):  # type: ignore[no-untyped-def]
-        def run(self, x: torch.Tensor) -> torch.Tensor:
+    def padded(product: Any) -> Any:
+        def run(self: Any, x: torch.Tensor) -> Any:
             n = x.shape[1]
             extra = rounded(n, products) - n
             if not extra:
                 return product(self, x)
-            return product(self, torch.cat([x, x.new_zeros(x.shape[0], extra, x.shape[2])], dim=1))[:, :n]
+            out = product(self, torch.cat([x, x.new_zeros(x.shape[0], extra, x.shape[2])], dim=1))
+            # The packed products give one tensor per direction, the batched ones a stacked tensor.
+            return tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:, :n]
 
         return run
 
     if products > 1:
-        for name in ("input_gates", "recurrent", "project"):
-            setattr(bilm.BatchedMatmuls, name, padded(getattr(bilm.BatchedMatmuls, name)))
+        for matmuls in (bilm.BatchedMatmuls, bilm.PackedMatmuls):
+            for name in ("input_gates", "recurrent", "project"):
+                setattr(matmuls, name, padded(getattr(matmuls, name)))
     embeddings = bilm.BiLM.token_embeddings
 
     def token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None = None) -> torch.Tensor:
