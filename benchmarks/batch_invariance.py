@@ -84,13 +84,19 @@ def differing_rows(got: torch.Tensor, want: torch.Tensor) -> list[int]:
     return [int((got[layer] != want[layer]).any(dim=1).sum()) for layer in range(got.shape[0])]
 
 
+def encode_afresh(encoder: Encoder, batch: list[list[str]]) -> tuple[torch.Tensor, Any]:
+    """``encode_flat`` of ``batch`` with an empty word cache, as a build encodes each window."""
+    encoder.clear_word_cache()
+    return encoder.encode_flat(batch)
+
+
 def word_vectors_case(encoder: Encoder, sentence: list[str], vocabulary: list[str]) -> None:
+    distinct = list(dict.fromkeys(sentence))
     others = [w for w in vocabulary if w not in sentence]
-    reference = encoder._token_vectors(list(dict.fromkeys(sentence)) + others[:4000])
-    want = {w: reference[i] for i, w in enumerate(dict.fromkeys(sentence))}
+    reference = encoder._token_vectors(distinct + others[:4000])
+    want = {w: reference[i] for i, w in enumerate(distinct)}
     for m in (1, 2, 3, 4, 8, 16, 64, 1000):
-        words = list(dict.fromkeys(sentence))[:m]
-        words += others[: max(0, m - len(words))]
+        words = distinct[:m] + others[: max(0, m - len(distinct))]
         got = encoder._token_vectors(words)
         differ = sum(int((got[i] != want[w]).any()) for i, w in enumerate(words) if w in want)
         print(f"  char-CNN, {m:5d} words per product: {differ} of {sum(w in want for w in words)} word vectors differ")
@@ -102,10 +108,9 @@ def sentence_case(encoder: Encoder, pool: list[list[str]]) -> None:
     longer = [s for s in pool if len(s) > len(sentence) + 5]
 
     def rows(batch: list[list[str]]) -> torch.Tensor:
-        encoder.clear_word_cache()
-        out, offsets = encoder.encode_flat(batch)
+        out, offsets = encode_afresh(encoder, batch)
         i = next(k for k, s in enumerate(batch) if s is sentence)
-        return out[:, offsets[i] : offsets[i + 1]].clone()
+        return out[:, offsets[i] : offsets[i + 1]]
 
     want = rows(longer[:3] + [sentence] + shorter[:50])
     cases = [
@@ -125,23 +130,17 @@ def sentence_case(encoder: Encoder, pool: list[list[str]]) -> None:
 def many_sentences_case(encoder: Encoder, pool: list[list[str]]) -> None:
     rng = random.Random(1)
     targets = list(range(0, len(pool), 15))
-    alone = {}
-    for i in targets:
-        encoder.clear_word_cache()
-        out, _ = encoder.encode_flat([pool[i]])
-        alone[i] = out.clone()
-    by_layer = [0, 0, 0]
+    alone = {i: encode_afresh(encoder, [pool[i]])[0] for i in targets}
+    by_layer = [0] * encoder.n_layers
     differ = total = 0
     for trial in range(6):
         lines = rng.sample(range(len(pool)), rng.choice([50, 300, 600]))
         lines += [i for i in targets[trial::6] if i not in lines]
         rng.shuffle(lines)
-        encoder.clear_word_cache()
-        out, offsets = encoder.encode_flat([pool[i] for i in lines])
+        out, offsets = encode_afresh(encoder, [pool[i] for i in lines])
         for k, i in enumerate(lines):
             if i in alone:
-                rows = out[:, offsets[k] : offsets[k + 1]]
-                layers = [not torch.equal(rows[layer], alone[i][layer]) for layer in range(rows.shape[0])]
+                layers = [n > 0 for n in differing_rows(out[:, offsets[k] : offsets[k + 1]], alone[i])]
                 by_layer = [a + int(b) for a, b in zip(by_layer, layers)]
                 differ += int(any(layers))
                 total += 1
@@ -162,6 +161,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print("\n".join(describe_machine(args.device).lines()))
     pool = make_corpus(3000 * 40, seed=5)[:3000]
+    others = make_corpus(3000 * 40, seed=9)[:3000]
     vocabulary = sorted({w for s in pool for w in s})
     for precision in args.precision.split(","):
         encoder = Encoder.load(args.model, precision=precision, device=args.device)
@@ -171,7 +171,7 @@ def main() -> None:
         with torch.inference_mode():
             word_vectors_case(encoder, pool[7], vocabulary)
             sentence_case(encoder, pool)
-            many_sentences_case(encoder, make_corpus(3000 * 40, seed=9)[:3000])
+            many_sentences_case(encoder, others)
 
 
 if __name__ == "__main__":
