@@ -2,12 +2,13 @@
 
     python benchmarks/batch_invariance.py                          # bundled model, fp32 and bf16, this device
     python benchmarks/batch_invariance.py --precision fp32 --threads 1
-    python benchmarks/batch_invariance.py --precision fp32 --pad-products 4 --pad-words 16     # the experiment
+    python benchmarks/batch_invariance.py --precision fp32 --row-multiple 1 --word-multiple 1   # products unrounded
 
-An update must write the bytes a fresh build writes, so today it encodes again every window (the sentences a
-build encodes together) that an edit or an append touches; an append re-encodes the old last window, about half
-a window on average. If a sentence's rows were the same bits in any batch, an update could copy every unchanged
-sentence's rows and encode only the changed lines. This script measures how far that holds on this machine:
+An update must write the bytes a fresh build writes. Where a sentence's rows are the same bits in any batch, it
+copies every unchanged sentence's rows and encodes only the changed lines; elsewhere it encodes again every window
+(the sentences a build encodes together) that an edit or an append touches. The encoder rounds every product's
+rows up to a multiple to make them so (elmo_cache.model.bilm; elmo_cache.encoder.batch_free checks it on the
+device at hand). This script measures how far that holds on this machine:
 
 * the char-CNN: the vectors of a sentence's words computed in word lists of M words, against M = 4,000;
 * the biLSTM: a sentence (the longest of 50) encoded in batches of several compositions, against a batch where
@@ -16,9 +17,9 @@ sentence's rows and encode only the changed lines. This script measures how far 
 * many sentences: each encoded alone, then inside six batches of 50-600 random others, as a build's would be.
 
 It prints, for each case, how many rows (or sentences) differ in any bit per layer (0 is invariant).
-``--pad-products N`` and ``--pad-words N`` are an experiment, not the library's behaviour: they round the row count
-of every LSTM product (input, recurrent, projection; batched and oneDNN-packed) and of every char-CNN call up to a
-multiple of N, with rows that are thrown away, to see whether that makes the rows the same in any batch.
+``--row-multiple N`` and ``--word-multiple N`` set what the encoder rounds the row count of every LSTM product
+(input, recurrent, projection) and of every char-CNN call up to (the library's: 4 and 16; 1: the shapes as they
+come, the encoder before it rounded them).
 """
 
 from __future__ import annotations
@@ -39,44 +40,6 @@ from _machine import describe_machine
 
 from elmo_cache.encoder.encoder import Encoder
 from elmo_cache.model import bilm
-
-
-def pad_rows(products: int, words: int) -> None:
-    """The experiment of ``--pad-products``/``--pad-words``: every product's rows rounded up to a multiple."""
-
-    def rounded(n: int, multiple: int) -> int:
-        return -(-n // multiple) * multiple
-
-    def padded(product: Any) -> Any:
-        def run(self: Any, x: torch.Tensor) -> Any:
-            n = x.shape[1]
-            extra = rounded(n, products) - n
-            if not extra:
-                return product(self, x)
-            out = product(self, torch.cat([x, x.new_zeros(x.shape[0], extra, x.shape[2])], dim=1))
-            # The packed products give one tensor per direction, the batched ones a stacked tensor.
-            return tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:, :n]
-
-        return run
-
-    if products > 1:
-        for matmuls in (bilm.BatchedMatmuls, bilm.PackedMatmuls):
-            for name in ("input_gates", "recurrent", "project"):
-                setattr(matmuls, name, padded(getattr(matmuls, name)))
-    embeddings = bilm.BiLM.token_embeddings
-
-    def token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None = None) -> torch.Tensor:
-        n = char_ids.shape[0]
-        extra = rounded(n, words) - n
-        if not extra:
-            return embeddings(self, char_ids, word_ids)
-        char_ids = torch.cat([char_ids, char_ids[:1].expand(extra, *char_ids.shape[1:])])
-        if word_ids is not None:
-            word_ids = torch.cat([word_ids, word_ids[:1].expand(extra)])
-        return embeddings(self, char_ids, word_ids)[:n]
-
-    if words > 1:
-        bilm.BiLM.token_embeddings = token_embeddings  # type: ignore[method-assign]
 
 
 def differing_rows(got: torch.Tensor, want: torch.Tensor) -> list[int]:
@@ -153,10 +116,9 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16, fp16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--pad-products", type=int, default=1, help="experiment: LSTM products' rows to a multiple")
-    parser.add_argument("--pad-words", type=int, default=1, help="experiment: char-CNN rows to a multiple")
+    parser.add_argument("--row-multiple", type=int, default=bilm.ROW_MULTIPLE, help="LSTM products' rows rounded to")
+    parser.add_argument("--word-multiple", type=int, default=bilm.WORD_MULTIPLE, help="char-CNN words rounded to")
     args = parser.parse_args()
-    pad_rows(args.pad_products, args.pad_words)
     if args.threads:
         torch.set_num_threads(args.threads)
     print("\n".join(describe_machine(args.device).lines()))
@@ -165,9 +127,11 @@ def main() -> None:
     vocabulary = sorted({w for s in pool for w in s})
     for precision in args.precision.split(","):
         encoder = Encoder.load(args.model, precision=precision, device=args.device)
-        padded = args.pad_products > 1 or args.pad_words > 1
-        padding = f", products padded to x{args.pad_products}, words to x{args.pad_words}" if padded else ""
-        print(f"{args.model}, {precision}, {args.device}{padding}:")
+        encoder.bilm.row_multiple, encoder.bilm.word_multiple = args.row_multiple, args.word_multiple
+        print(
+            f"{args.model}, {precision}, {args.device}, rows rounded to x{args.row_multiple}, words to "
+            f"x{args.word_multiple}:"
+        )
         with torch.inference_mode():
             word_vectors_case(encoder, pool[7], vocabulary)
             sentence_case(encoder, pool)

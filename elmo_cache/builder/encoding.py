@@ -87,9 +87,11 @@ class Window:
     lengths: np.ndarray  # int32
 
 
-WINDOW_RULE: dict[str, int | str] = {"cut": "content-defined", "version": 1}
+WINDOW_RULE: dict[str, int | str] = {"cut": "content-defined", "version": 2}
 """The rule :class:`WindowCutter` cuts by, as the metadata's ``windows`` records it (docs/FORMAT.md): an update
-reuses a cache's windows only when they were cut by this rule with the same sizes."""
+reuses a cache's rows only when its windows were cut by this rule with the same sizes. Version 2: the rows of an
+encoder that rounds its products' row counts (:mod:`elmo_cache.model.bilm`), whose last bits differ from version
+1's, so a version-1 cache's rows are not what this elmo-cache's fresh build writes."""
 
 
 class WindowCutter:

@@ -49,7 +49,8 @@ from elmo_cache.builder.engine import BuildJob, Finished
 from elmo_cache.builder.options import BuildOptions
 from elmo_cache.builder.output import check_resumed
 from elmo_cache.builder.plan import Plan, metadata, options_json
-from elmo_cache.builder.update import StoredWindows, WindowCounts, update_batch_tokens
+from elmo_cache.builder.update import StoredWindows, WindowCounts, copy_and_encode, update_batch_tokens
+from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.errors import CorpusChangedError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import OutputKind, OutputState, Progress, Writer, open_cache_arrays, staging_path, writer_class
 from elmo_cache.text.corpus import Corpus
@@ -252,9 +253,19 @@ def _encode_window(
             bar.update(len(window.tokens))
         vectors, pooled = reused
         return _Encoded(vectors, offsets, window.lengths, window.hashes, 0, window.tokens, pooled)
+    progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
+    sources = stored.sources(window, new) if stored is not None else None
+    if stored is not None and sources is not None and (sources >= 0).any():
+        # A batch-free device: the window's sentences the cache holds are copied, the others encoded.
+        to_encode = int((np.asarray(new, dtype=bool) & (sources < 0) & (window.lengths > 0)).sum())
+        counts.windows_encoded += bool(to_encode)
+        counts.windows_reused += not to_encode
+        counts.lines_encoded += to_encode
+        counts.lines_reused += len(window.tokens) - to_encode
+        vectors, pooled, encoded = copy_and_encode(encode, window, offsets, new, rows_before, stored, sources, progress)
+        return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled)
     counts.windows_encoded += 1
     counts.lines_encoded += len(window.tokens)
-    progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
     vectors, pooled, encoded = encode.encode(
         window.tokens, window.lengths, offsets, new, rows_before, progress, first_line=window.first_line
     )
@@ -381,6 +392,8 @@ class LocalRun:
             if self.updating is not None:
                 stored = StoredWindows(job.plan.output, self.updating, window_tokens, self.writer.layout.row_shape)
                 stored.usable = self._same_codebooks()
+                stored.batch_free = rows_batch_free(self.encoder)
+                self.counts.batch_free = stored.batch_free
                 link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
                 layout = self.writer.layout
                 same_files = all(self.updating.get(key) == getattr(layout, key) for key in ("chunk_rows", "shard_rows"))

@@ -122,6 +122,9 @@ class BuildSummary:
     lines_reused: int = 0
     # zarr, an update: vectors files of the old cache kept as they are (hard links: their bytes not written again).
     files_linked: int = 0
+    # An update on a device whose rows are batch-free: a changed window's unchanged sentences were copied one by
+    # one (counted in lines_reused; lines_encoded counts the lines encoded), not the whole window encoded again.
+    batch_free: bool = False
 
     @classmethod
     def already_there(cls, output: Path, format: str, meta: Mapping[str, Any], engine: str) -> BuildSummary:
@@ -141,6 +144,7 @@ class BuildSummary:
             resumed += (
                 f"; updated: {self.windows_encoded:,} of {windows:,} windows encoded ({self.lines_encoded:,} lines), "
                 f"the rows of {self.lines_reused:,} lines reused"
+                + ("" if self.batch_free else " (rows depend on their batch on this device: whole windows encoded)")
                 + (f", {self.files_linked:,} vectors files kept as they were" if self.files_linked else "")
             )
         engine = ""

@@ -1,49 +1,55 @@
 """Update in place (``build --update``): a complete cache brought to a new version of its corpus, the stored
-rows of unchanged windows copied, only the windows with new or changed lines encoded.
+rows of unchanged sentences copied, only new or changed lines encoded.
 
 An update is the local engine's build of the new corpus, into the usual staging beside the cache, published
 over it at the end (atomically: :func:`elmo_cache.store.durable.publish_directory`, ``os.replace`` for HDF5).
-What makes it equal, byte for byte, to a fresh build of the new corpus: a sentence's stored bytes are a
-function of its *window* (the sentences encoded together, :mod:`elmo_cache.builder.encoding`), and windows
-are cut by content, so a fresh build of the new corpus cuts the same windows as the cache's build wherever
-the corpus did not change. For each window of the new corpus (:class:`StoredWindows`):
+It must write the bytes a fresh build of the new corpus writes. A build encodes the corpus window by window
+(:mod:`elmo_cache.builder.encoding`), windows cut by content, so a fresh build of the new corpus cuts the same
+windows as the cache's build wherever the corpus did not change. For each window of the new corpus
+(:class:`StoredWindows`):
 
 * the cache's build cut a window of the same sentences (the same keys, lengths and stored tokens), and it
   encoded the same of them (with ``--dedupe``, a window's repeats of earlier lines are not encoded, so the
   lines it encoded must be the same ones): its rows are copied, read through the cache's block sums;
-* otherwise it is encoded, as a fresh build encodes it.
+* otherwise, where this device's rows are *batch-free* (a sentence's rows the same bits in any batch:
+  :func:`elmo_cache.encoder.batch_free.rows_batch_free`, checked at the update's start), each of the window's
+  sentences the cache holds (the same key and stored tokens, anywhere in the cache) has its rows copied and only
+  the others are encoded (:meth:`StoredWindows.sources`);
+* else (a device whose rows depend on their batch) the window is encoded whole, as a fresh build encodes it.
 
-So the encoding cost follows the change (the windows holding changed lines, plus the one after an edit
-before the cuts meet again, sometimes). The bytes written follow it only in part: a zarr cache's vectors
-files that lie wholly before the first changed window are the old cache's own files, hard-linked
-(:meth:`ZarrWriter.link_unchanged <elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending
-writes the last files and the per-line arrays; every row after an edit in the middle moves and is written
-again, and an HDF5 cache (one file) is written whole.
+So the encoding cost follows the change: on a batch-free device, the new and edited lines alone; elsewhere, the
+windows holding them (an append re-encodes the old last window too, which the corpus's end cut). The bytes
+written follow it only in part: a zarr cache's vectors files that lie wholly before the first changed window are
+the old cache's own files, hard-linked (:meth:`ZarrWriter.link_unchanged
+<elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending writes the last files and the per-line
+arrays; every row after an edit in the middle moves and is written again, and an HDF5 cache (one file) is
+written whole.
 The lines before the first one the corpus check found changed are not split again either: their tokens and keys
 come from the cache (:meth:`StoredWindows.sentences`), so a small append tokenises its corpus once, in the check.
-A cache written before the windows were recorded (metadata ``windows``), or cut and batched with other
-sizes, cannot give a fresh build's bytes: the update refuses it and says how to rebuild.
+A cache written before the windows were recorded (metadata ``windows``), by an encoder that did not round its
+products (``windows`` version 1), or cut and batched with other sizes, cannot give a fresh build's bytes: the
+update refuses it and says how to rebuild.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from elmo_cache.builder.encoding import WINDOW_RULE, Window, window_bounds, windows_entry
+from elmo_cache.builder.encoding import WINDOW_RULE, Window, WindowEncoder, window_bounds, windows_entry
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store import open_cache_arrays
 from elmo_cache.store.blocksums import guards
 from elmo_cache.store.format import POOLED_ARRAY, TEXT_ENCODING
 from elmo_cache.store.staging import encode_tokens
-from elmo_cache.text.tokenize import key_hash, split_key
+from elmo_cache.text.tokenize import key_hash, sentence_key, split_key
 
-__all__ = ["StoredWindows", "WindowCounts", "update_batch_tokens"]
+__all__ = ["StoredWindows", "WindowCounts", "copy_and_encode", "update_batch_tokens"]
 
 
 @dataclass
@@ -56,6 +62,9 @@ class WindowCounts:
     lines_reused: int = 0
     # zarr: vectors files of the updated cache taken as they are (hard links), not written again.
     files_linked: int = 0
+    # Whether this device's rows were batch-free: a changed window's unchanged sentences were copied one by one
+    # (their lines count as reused, the window as encoded when any of its lines was).
+    batch_free: bool = False
 
     def summary(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -65,11 +74,19 @@ def update_batch_tokens(output: Path, meta: dict[str, Any], batch_tokens: int | 
     """The tokens per batch of an update of the cache at ``output`` (metadata ``meta``): the one given, else
     the cache's own; refused (naming what to pass) when the cache's windows were cut by another rule or sizes."""
     recorded = meta.get("windows")
-    if not isinstance(recorded, dict) or {k: recorded.get(k) for k in WINDOW_RULE} != WINDOW_RULE:
+    if not isinstance(recorded, dict) or recorded.get("cut") != WINDOW_RULE["cut"]:
         raise CacheExistsError(
             f"{output} was built before windows were cut by content (its metadata records no "
             f"{WINDOW_RULE['cut']} windows, version {WINDOW_RULE['version']}): an update could not reproduce a "
             "fresh build's bytes from its rows. Rebuild it once with --overwrite; later updates reuse its rows"
+        )
+    if recorded.get("version") != WINDOW_RULE["version"]:
+        raise CacheExistsError(
+            f"{output} was built by an earlier elmo-cache (windows version {recorded.get('version')}, this one "
+            f"writes version {WINDOW_RULE['version']}: its encoder rounds its products so that a sentence's rows "
+            "do not depend on its batch), whose vectors differ from this one's in their last bits: an update could "
+            "not reproduce a fresh build's bytes from its rows. Rebuild it once with --overwrite; later updates "
+            "reuse its rows"
         )
     there = int(recorded["batch_tokens"]), int(recorded["window_tokens"])
     batch = int(batch_tokens) if batch_tokens is not None else there[0]
@@ -128,8 +145,14 @@ class StoredWindows:
         for first, stop in self.bounds:
             self.windows.setdefault(_digest(keys[first:stop], self.lengths[first:stop]), []).append((first, stop))
         self.usable = True
+        # Whether this device's rows are batch-free (set by the run): a changed window's unchanged sentences are
+        # then copied one by one (sources).
+        self.batch_free = False
         # Rows below this are in vectors files the writer keeps as they are (zarr's link_unchanged): not read.
         self.kept_rows = 0
+        # The cache's lines by key, for sources: sorted keys, and the line of each (the first of equal keys).
+        self._by_key = np.argsort(keys, kind="stable")
+        self._sorted_keys = keys[self._by_key]
 
     def unchanged_rows(self, unchanged_lines: int) -> int:
         """The rows a build of a corpus that shares its first ``unchanged_lines`` lines with this cache writes as
@@ -156,6 +179,47 @@ class StoredWindows:
             if np.array_equal(self.encoded[first:stop], new) and self._same_tokens(window, first, stop):
                 return self._copy(first, stop, new)
         return None
+
+    def sources(self, window: Window, new: np.ndarray) -> np.ndarray:
+        """For each of ``window``'s sentences, the cache's line whose stored rows are its own (the same key and
+        stored tokens, anywhere in the cache: on a batch-free device a sentence's rows do not depend on the
+        sentences around it), or -1: a sentence to encode (not ``new``, empty or unknown are -1 too)."""
+        found = np.full(len(window.lengths), -1, dtype=np.int64)
+        if not (self.usable and self.batch_free) or not len(self._sorted_keys):
+            return found
+        at = np.minimum(np.searchsorted(self._sorted_keys, window.hashes), len(self._sorted_keys) - 1)
+        candidates = np.flatnonzero((self._sorted_keys[at] == window.hashes) & new & (window.lengths > 0))
+        for k in candidates.tolist():
+            line = int(self._by_key[at[k]])
+            # The 64-bit keys matched; the stored tokens confirm it: colliding sentences never share rows.
+            stored = self.text[self.text_starts[line] : self.text_starts[line + 1]]
+            if stored == sentence_key(window.tokens[k]).encode(*TEXT_ENCODING):
+                found[k] = line
+        return found
+
+    def copy_sentences(self, sources: np.ndarray, places: np.ndarray, vectors: np.ndarray) -> np.ndarray | None:
+        """The stored rows of the cache's lines ``sources[sources >= 0]`` written into ``vectors`` at their
+        ``places`` (the row each one's rows start at there), contiguous runs read in one go through the cache's
+        block sums; returns, in a cache with pooled vectors, each of those lines' stored pooled vector."""
+        lines = sources[sources >= 0]
+        if self.token_rows and len(lines):
+            starts = self.offsets[lines]
+            counts = self.lengths[lines].astype(np.int64)
+            read = getattr(self.vectors, "rows", None)
+            for first, stop, into in _runs(starts, counts, places[sources >= 0]):
+                if "vectors" in self.guards:
+                    self.guards["vectors"].check_rows(first, stop)
+                rows = read(first, stop) if read is not None else self.vectors[first:stop]
+                vectors[into : into + stop - first] = rows
+        if self.pooled is None:
+            return None
+        pooled = np.empty((len(lines), *self.pooled.shape[1:]), dtype=self.pooled.dtype)
+        ones = np.ones(len(lines), dtype=np.int64)
+        for first, stop, into in _runs(lines, ones, np.arange(len(lines))):
+            if POOLED_ARRAY in self.guards:
+                self.guards[POOLED_ARRAY].check_rows(first, stop)
+            pooled[into : into + stop - first] = self.pooled[first:stop]
+        return pooled
 
     def _same_tokens(self, window: Window, first: int, stop: int) -> bool:
         # The 64-bit keys matched; the stored tokens confirm it (as dedupe does for a repeat): two sentences
@@ -190,3 +254,60 @@ class StoredWindows:
             pooled = np.zeros_like(stored)
             pooled[new] = stored[new]
         return vectors, pooled
+
+
+def copy_and_encode(
+    encode: WindowEncoder,
+    window: Window,
+    offsets: np.ndarray,
+    new: np.ndarray,
+    rows_before: int,
+    stored: StoredWindows,
+    sources: np.ndarray,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """What :meth:`WindowEncoder.encode` returns for ``window`` (its ``new`` sentences' rows from row
+    ``rows_before`` on, the pooled vectors, the tokens encoded), on a batch-free device: the sentences with a
+    source line (:meth:`StoredWindows.sources`) copied from the cache, only the others encoded."""
+    lengths = window.lengths.astype(np.int64)
+    copied = sources >= 0
+    todo = np.asarray(new, dtype=bool) & ~copied
+    shape = (int(lengths[new].sum()), *encode.row_shape)
+    buffers = encode.buffers
+    vectors = np.empty(shape, encode.np_dtype) if buffers is None else buffers.empty(shape, encode.np_dtype)
+    places = np.asarray(offsets, dtype=np.int64) - rows_before
+    encoded = 0
+    if todo.any():
+        # The sentences to encode, as a window of their own rows (offsets from 0), then each one's rows to its place.
+        compact = np.zeros(len(lengths), dtype=np.int64)
+        compact[todo] = np.cumsum(lengths[todo]) - lengths[todo]
+        rows, pooled, encoded = encode.encode(
+            window.tokens, window.lengths, compact, todo, 0, progress, first_line=window.first_line
+        )
+        into = np.repeat(places[todo] - compact[todo], lengths[todo]) + np.arange(len(rows))
+        vectors[into] = rows
+        if buffers is not None:
+            buffers.release(rows)
+    else:
+        pooled = (
+            None
+            if encode.pooled_shape is None or encode.pooling is None
+            else np.zeros((len(lengths), *encode.pooled_shape), dtype=encode.pooling.dtype)
+        )
+        if progress is not None:
+            progress(len(lengths))
+    copied_pooled = stored.copy_sentences(sources, places, vectors)
+    if pooled is not None and copied_pooled is not None:
+        pooled[copied] = copied_pooled
+    return vectors, pooled, encoded
+
+
+def _runs(starts: np.ndarray, counts: np.ndarray, places: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """``(first, stop, place)`` of each run of consecutive items whose ``starts:starts + counts`` follow each other,
+    and whose places do too: one read (and one write) per run instead of one per item."""
+    if not len(starts):
+        return
+    ends = starts + counts
+    breaks = np.flatnonzero((starts[1:] != ends[:-1]) | (places[1:] != places[:-1] + counts[:-1])) + 1
+    for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), len(starts)]):
+        yield int(starts[a]), int(ends[b - 1]), int(places[a])

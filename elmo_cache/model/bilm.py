@@ -10,6 +10,13 @@ Inference only, written for throughput on packed (length-sorted) batches:
   sentence's state simply stops being updated (which is also its final state).
 * Matmuls run in the compute dtype (float32, bfloat16 or float16); gate
   non-linearities, the cell state and all outputs stay in float32.
+* Every product's rows are rounded up to a multiple (:data:`ROW_MULTIPLE` for the LSTM's, :data:`WORD_MULTIPLE`
+  for the char-CNN's words), the extra rows thrown away. A GEMM library picks its kernel, its blocking and its
+  threads' split by the row count, and a row's last bits follow that choice: on a 2-core Zen 4 with oneDNN/MKL,
+  products of 1-3 rows gave other bits than larger ones, and the char-CNN's rows depended on their place in a
+  large call with two threads. Rounded so, a sentence's vectors there are the same bits in any batch
+  (benchmarks/batch_invariance.py, 0 of 348 sentences differ; fp32 and bf16), which lets an update copy any
+  unchanged sentence's rows (:mod:`elmo_cache.encoder.batch_free` checks it on the device at hand).
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from elmo_cache.model.options import ModelOptions
 from elmo_cache.model.weights import ElmoWeights
 
 __all__ = ["BiLM", "PackedBatch", "FusedCell"]
+
+# Each LSTM product's rows and each char-CNN call's words are rounded up to these multiples (module docstring).
+ROW_MULTIPLE = 4
+WORD_MULTIPLE = 16
 
 # Rows per input-projection GEMM: big enough to run near peak, small enough that the
 # (2, rows, 4 * lstm_dim) gate buffer stays modest (2048 rows: 268 MB fp32 for the Original).
@@ -83,6 +94,9 @@ class BiLM:
         # (PackedMatmuls; ~1.2x there). False: batched matmuls everywhere (a benchmark's side-by-side).
         self.packed_matmuls = True
         self._packed: dict[int, PackedMatmuls] = {}
+        # What products are rounded up to (1: not at all, the shapes as they come; a benchmark's side-by-side).
+        self.row_multiple = ROW_MULTIPLE
+        self.word_multiple = WORD_MULTIPLE
 
     @property
     def fused(self) -> bool:
@@ -128,6 +142,15 @@ class BiLM:
         return ieee_float32(self.char_embed.device)
 
     def _token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None) -> torch.Tensor:
+        n = char_ids.shape[0]
+        extra = _round_up(n, self.word_multiple) - n
+        if extra:  # copies of the first word, computed and thrown away (module docstring)
+            char_ids = torch.cat([char_ids, char_ids[:1].expand(extra, *char_ids.shape[1:])])
+            if word_ids is not None:
+                word_ids = torch.cat([word_ids, word_ids[:1].expand(extra)])
+        return self._padded_token_embeddings(char_ids, word_ids)[:n]
+
+    def _padded_token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None) -> torch.Tensor:
         cd = self.compute_dtype
         embedded = F.embedding(char_ids, self.char_embed).transpose(1, 2).to(cd)  # (n, C, max_chars)
         pooled = []
@@ -194,18 +217,30 @@ class BiLM:
         h: torch.Tensor,
         c: torch.Tensor,
     ) -> torch.Tensor:
-        """One layer, both directions; writes final states into ``h``/``c`` (2, batch, .)."""
+        """One layer, both directions; writes final states into ``h``/``c`` (2, batch, .).
+
+        Each step runs on its live rows rounded up to ``row_multiple`` (module docstring): the rows past the live
+        ones are those of sentences that finished (their stale state) or zeros, and their results are never read,
+        so no copy pads a step. The input chunks are rounded up too, over zero rows past the layer's last."""
         cd = self.compute_dtype
         cell_clip = float("inf") if self.options.cell_clip is None else float(self.options.cell_clip)
         proj_clip = self.options.proj_clip
         cell_step = self._fused_cell or _call
+        multiple = self.row_multiple
         out = torch.empty_like(x)
         x_cd = x.to(cd)
+        # Rows the rounded steps of the last chunk read past the layer's end, and their own rounding.
+        spare = 2 * (multiple - 1)
+        if spare:
+            x_cd = torch.cat([x_cd, x_cd.new_zeros(2, spare, x_cd.shape[2])], dim=1)
         gates_x: Any = None  # set at step 0: every layer starts a chunk there
         chunk_end_step = 0
         chunk_row0 = 0
-        h_prev = h.to(cd)
-        c_prev = c
+        batch = h.shape[1]
+        h_prev, c_prev = h.to(cd), c
+        if _round_up(batch, multiple) > batch:  # the first step's rounded rows: zero states
+            h_prev = torch.cat([h_prev, h_prev.new_zeros(2, _round_up(batch, multiple) - batch, h.shape[2])], dim=1)
+            c_prev = torch.cat([c, c.new_zeros(2, _round_up(batch, multiple) - batch, c.shape[2])], dim=1)
         for t in range(packed.max_len):
             if t == chunk_end_step:
                 # Input projections of the next block of timesteps in one large GEMM.
@@ -214,16 +249,19 @@ class BiLM:
                 while end < packed.max_len and packed.starts[end + 1] - chunk_row0 <= _INPUT_CHUNK_ROWS:
                     end += 1
                 chunk_end_step = end
-                gates_x = matmuls.input_gates(x_cd[:, chunk_row0 : packed.starts[end]])
+                # Its last step reads up to multiple - 1 rows past the chunk's own.
+                rows = _round_up(packed.starts[end] - chunk_row0 + multiple - 1, multiple)
+                gates_x = matmuls.input_gates(x_cd[:, chunk_row0 : chunk_row0 + rows])
             n = packed.sizes[t]
+            rounded = _round_up(n, multiple)
             r0 = packed.starts[t] - chunk_row0
-            gates_h = matmuls.recurrent(h_prev[:, :n])
+            gates_h = matmuls.recurrent(h_prev[:, :rounded])
             hidden, cell = cell_step(matmuls.cell, gates_x, r0, gates_h, c_prev, cell_clip)
             projected = matmuls.project(hidden.to(cd)).float()
             if proj_clip is not None:
                 projected.clamp_(-proj_clip, proj_clip)
             row = packed.starts[t]
-            out[:, row : row + n] = projected
+            out[:, row : row + n] = projected[:, :n]
             # Sequences only ever leave the live prefix, so the newest tensors serve as the
             # state of the next step without copying; sequences ending now keep theirs.
             n_next = packed.sizes[t + 1] if t + 1 < packed.max_len else 0
@@ -252,6 +290,10 @@ class BiLM:
                 return BatchedMatmuls(*weights, self.compute_dtype)
             self._packed[layer] = packed
         return packed
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _onednn_native_bf16() -> bool:

@@ -22,6 +22,7 @@ import elmo_cache
 import elmo_cache.text.corpus as corpus_module
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.encoding import WindowCutter
+from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import staging_path
@@ -63,12 +64,27 @@ def windows_of(lines: list[str], window_tokens: int) -> list[tuple[str, ...]]:
     return out
 
 
-def expected_encoded(old: list[str], new: list[str]) -> tuple[int, int]:
-    """(windows, lines) of ``new`` that no window of ``old`` holds: what an update must encode."""
+def expected_encoded(old: list[str], new: list[str], batch_free: bool, dedupe: bool = False) -> tuple[int, int]:
+    """(windows, lines) of ``new`` an update must encode: the windows no window of ``old`` holds, whole; on a
+    batch-free device, of those windows only the lines (non-empty, with ``dedupe`` their first occurrence) whose
+    tokens no line of ``old`` has, and the windows holding any."""
     window_tokens = SIZES["batch_tokens"] * SIZES["window_batches"]
     before = set(windows_of(old, window_tokens))
-    changed = [w for w in windows_of(new, window_tokens) if w not in before]
-    return len(changed), sum(len(w) for w in changed)
+    windows = windows_of(new, window_tokens)
+    changed = [k for k, w in enumerate(windows) if w not in before]
+    if not batch_free:
+        return len(changed), sum(len(windows[k]) for k in changed)
+    known = {" ".join(tokenize(line)) for line in old}
+    first: dict[str, int] = {}
+    for k, window in enumerate(windows):
+        for key in window:
+            first.setdefault(key, k)
+    todo = [
+        [key for key in windows[k] if key and key not in known and (not dedupe or first[key] == k)] for k in changed
+    ]
+    if dedupe:  # a key's first occurrence only, even when it repeats within its window
+        todo = [list(dict.fromkeys(keys)) for keys in todo]
+    return sum(1 for keys in todo if keys), sum(len(keys) for keys in todo)
 
 
 @contextmanager
@@ -145,6 +161,7 @@ def test_an_update_equals_a_fresh_build_and_encodes_only_the_changed_windows(
     old_first = np.array(reader[0]) if not extra.get("pool_only") else reader.sentence_vector(0)
 
     write_corpus(corpus, new)
+    batch_free = rows_batch_free(tiny_encoder)  # checked once per encoder: not in the update's count below
     with counting(tiny_encoder) as update_encoded:
         summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
     fresh = tmp_path / f"fresh{suffix}"
@@ -155,13 +172,17 @@ def test_an_update_equals_a_fresh_build_and_encodes_only_the_changed_windows(
     assert not staging_path(output).exists() and verify(output).ok
     assert summary.updated and summary.n_sentences == len(new)
     assert summary.lines_encoded + summary.lines_reused == len(new)
-    windows, lines = expected_encoded(old, new)
-    if extra.get("dedupe"):  # a window whose repeats' first occurrences moved is encoded too
+    assert summary.batch_free is batch_free
+    windows, lines = expected_encoded(old, new, summary.batch_free, bool(extra.get("dedupe")))
+    if extra.get("dedupe") and not summary.batch_free:  # a window whose repeats' first occurrences moved is encoded
         assert summary.windows_encoded >= windows
     else:
         assert (summary.windows_encoded, summary.lines_encoded) == (windows, lines)
-    assert 0 < summary.windows_encoded <= 4 < summary.windows_reused
-    assert 0 < update_encoded[0] <= 0.2 * fresh_encoded[0]
+    assert summary.windows_encoded <= 4 < summary.windows_reused
+    if summary.batch_free:  # only the new and edited lines went to the encoder
+        assert update_encoded[0] == lines
+    else:
+        assert 0 < update_encoded[0] <= 0.2 * fresh_encoded[0]
     assert "updated: " in str(summary)
     with elmo_cache.open(output) as cache:
         assert len(cache) == len(new)
@@ -282,7 +303,7 @@ def test_what_an_update_refuses_or_does_not_need(tmp_path, tiny_encoder, monkeyp
     assert summary.updated and summary.lines_reused > 0
     assert elmo_cache.open(output).metadata["windows"] == {
         "cut": "content-defined",
-        "version": 1,
+        "version": 2,
         "window_tokens": 320,
         "batch_tokens": 40,
     }
@@ -300,6 +321,23 @@ def test_a_cache_cut_before_content_defined_windows_is_refused(tmp_path, tiny_en
     assert "windows" not in elmo_cache.open(output).metadata
     write_corpus(corpus, edited(old, "change"))
     with pytest.raises(CacheExistsError, match="before windows were cut by content.*--overwrite"):
+        build(corpus, BuildOptions(output=output, update=True, progress=False, **SIZES), encoder=tiny_encoder)
+    assert len(elmo_cache.open(output)) == 40
+
+
+def test_a_cache_of_an_encoder_that_did_not_round_its_products_is_refused(tmp_path, tiny_encoder, monkeypatch):
+    """Windows version 1: the rows of an encoder before it rounded its products' row counts (other last bits)."""
+    from elmo_cache.builder import encoding, local
+
+    old = corpus_lines(40, seed=15)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    with monkeypatch.context() as patch:
+        patch.setattr(local, "windows_entry", lambda *args: {**encoding.windows_entry(*args), "version": 1})
+        build(corpus, BuildOptions(output=output, progress=False, **SIZES), encoder=tiny_encoder)
+    assert elmo_cache.open(output).metadata["windows"]["version"] == 1
+    write_corpus(corpus, edited(old, "append"))
+    with pytest.raises(CacheExistsError, match="windows version 1, this one writes version 2.*--overwrite"):
         build(corpus, BuildOptions(output=output, update=True, progress=False, **SIZES), encoder=tiny_encoder)
     assert len(elmo_cache.open(output)) == 40
 
@@ -719,3 +757,84 @@ def test_a_reader_in_the_moment_of_a_publish_by_renames_waits_for_the_new_cache(
     cache = opened[1]
     assert _answers(cache, 0, lines[N // 3]) == expected
     assert not aside_path(output).exists() and verify(output).ok
+
+
+@pytest.mark.parametrize(("suffix", "edit", "extra"), [CASES[0], CASES[9]])
+def test_where_rows_depend_on_their_batch_an_update_encodes_the_changed_windows_whole(
+    tmp_path, tiny_encoder, monkeypatch, suffix, edit, extra
+):
+    """A device whose check fails (a GPU may pick its kernels by shape): each changed window is encoded whole, as a
+    fresh build encodes it, and the cache is still a fresh build's, byte for byte."""
+    from elmo_cache.builder import local
+
+    old = corpus_lines(N, seed=21)
+    new = edited(old, edit)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / f"c{suffix}"
+    options = {**SIZES, "progress": False, **extra}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    write_corpus(corpus, new)
+    monkeypatch.setattr(local, "rows_batch_free", lambda encoder: False)
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    monkeypatch.undo()
+    assert not summary.batch_free and "whole windows encoded" in str(summary)
+    windows, lines = expected_encoded(old, new, batch_free=False)
+    assert summary.windows_encoded >= windows and summary.lines_encoded >= lines > 0
+    if not extra.get("dedupe"):
+        assert (summary.windows_encoded, summary.lines_encoded) == (windows, lines)
+    fresh = tmp_path / f"fresh{suffix}"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
+
+
+def test_on_a_batch_free_device_an_append_encodes_only_its_lines(tmp_path, tiny_encoder, monkeypatch):
+    """The old last window (cut by the corpus's end) is not encoded again: its sentences' rows are copied, the
+    appended lines alone go to the encoder (counted whatever this CPU's check says: the check is forced here;
+    the bytes are compared where the check passes, test_an_update_equals_a_fresh_build...)."""
+    from elmo_cache.builder import local
+
+    old = corpus_lines(N, seed=22)
+    added = [line for line in corpus_lines(30, seed=98) if line]
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    options = {**SIZES, "progress": False, "pool": "mean"}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    write_corpus(corpus, old + added)
+    monkeypatch.setattr(local, "rows_batch_free", lambda encoder: True)
+    with counting(tiny_encoder) as encoded:
+        summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    assert summary.batch_free and summary.lines_encoded == encoded[0] == len(added)
+    assert summary.lines_reused == len(old) and summary.windows_encoded <= 2
+    with elmo_cache.open(output) as cache:
+        assert [cache.tokens(len(old) + k) for k in range(len(added))] == [tokenize(line) for line in added]
+        assert verify(output).ok
+
+
+def test_a_sentence_whose_key_collides_with_a_cached_line_is_encoded_not_copied(tmp_path, tiny_encoder, monkeypatch):
+    """Keys are 64-bit hashes: a cached line whose key equals an edited line's (forged here) is confirmed by its
+    stored tokens before its rows are copied, so the edited line gets its own vectors."""
+    from elmo_cache.builder import local, update
+
+    old = corpus_lines(N, seed=23)
+    middle = len(old) // 2
+    new = [*old[:middle], "an edited line in the middle", *old[middle + 1 :]]
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    options = {**SIZES, "progress": False}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    write_corpus(corpus, new)
+    # The cache's line 3 takes the edited line's key, as a collision would give it.
+    victim = " ".join(tokenize(old[3])).encode()
+    forged = sentence_hash(tokenize(new[middle]))
+    original = update.key_hash
+    monkeypatch.setattr(update, "key_hash", lambda data: forged if bytes(data) == victim else original(data))
+    monkeypatch.setattr(local, "rows_batch_free", lambda encoder: True)
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    monkeypatch.undo()
+    assert summary.batch_free and summary.lines_encoded == 1
+    with elmo_cache.open(output) as cache:
+        edited_rows = np.array(cache[middle])  # (layers, tokens, dim)
+    tiny_encoder.clear_word_cache()
+    alone = tiny_encoder.embed_batch([tokenize(new[middle])])[0]
+    assert edited_rows.shape == alone.shape
+    np.testing.assert_allclose(edited_rows, alone, atol=1e-5, rtol=0)

@@ -105,3 +105,52 @@ def test_the_per_direction_cell_updates_what_the_stacked_cell_updates():
     for a, b in zip(apart, stacked, strict=True):
         assert a.shape == b.shape == (2, 4, 4)
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_every_product_sees_rows_rounded_up_and_the_extra_rows_change_nothing(tiny_model, packed):
+    """A GEMM library picks its kernel and its threads' split by the row count, and a row's last bits follow: every
+    LSTM product gets a multiple of ROW_MULTIPLE rows and every char-CNN call a multiple of WORD_MULTIPLE words
+    (what makes a sentence's rows batch-free: elmo_cache.encoder.batch_free), and the rows past the live ones
+    (stale states, zeros) leave the live rows' values as the unrounded products give them (to float round-off)."""
+    encoder = Encoder.load(tiny_model, device="cpu")
+    model = encoder.bilm
+    rows: list[int] = []
+    kind = PackedMatmuls if packed else BatchedMatmuls
+
+    def layer_matmuls(self, layer):  # packed in float32 too: oneDNN packs it on every x86 CPU
+        return PackedMatmuls(*self.lstm[layer]) if packed else BatchedMatmuls(*self.lstm[layer], self.compute_dtype)
+
+    def spied(name):
+        product = getattr(kind, name)
+
+        def run(self, x):  # (2 directions, rows, dim) for both kinds
+            rows.append(int(x.shape[1]))
+            return product(self, x)
+
+        return run
+
+    words: list[int] = []
+    embeddings = bilm_module.BiLM._padded_token_embeddings
+
+    def spied_embeddings(self, char_ids, word_ids):
+        words.append(int(char_ids.shape[0]))
+        return embeddings(self, char_ids, word_ids)
+
+    patch = pytest.MonkeyPatch()
+    for name in ("input_gates", "recurrent", "project"):
+        patch.setattr(kind, name, spied(name))
+    patch.setattr(bilm_module.BiLM, "_padded_token_embeddings", spied_embeddings)
+    patch.setattr(bilm_module.BiLM, "_layer_matmuls", layer_matmuls)
+    try:
+        rounded = encoder.embed_batch(SENTENCES)
+    finally:
+        patch.undo()
+    # Batch sizes 1-5 and 5 sentences of 3-17 tokens: most steps' live rows are not a multiple of 4 themselves.
+    assert rows and all(n % bilm_module.ROW_MULTIPLE == 0 for n in rows), rows
+    assert words and all(n % bilm_module.WORD_MULTIPLE == 0 for n in words), words
+    encoder.clear_word_cache()
+    model.row_multiple = model.word_multiple = 1
+    plain = encoder.embed_batch(SENTENCES)
+    for x, y in zip(rounded, plain, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
