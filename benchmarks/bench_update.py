@@ -7,8 +7,10 @@ Builds ``--lines`` lines of the synthetic corpus (``_corpus.make_corpus``) with 
 for each change and share: the corpus with that share of lines appended (``append``) or replaced by new lines in
 its middle (``middle``), brought up to date with ``--update`` from a copy of the first cache. Prints seconds and
 the bytes the process passed to write(2) (``wchar`` of /proc/self/io) for the full build and each update, and the
-windows each update encoded. ``--check`` also builds each new corpus afresh and compares the two caches byte for
-byte (the metadata's ``build`` record aside: ``_compare.cache_difference``), as tests/builder/test_update.py does.
+windows and lines each update encoded (on a device whose rows are batch-free, only the new lines:
+elmo_cache.encoder.batch_free; the check's own probe is in the update's time). ``--check`` also builds each new
+corpus afresh and compares the two caches byte for byte (the metadata's ``build`` record aside:
+``_compare.cache_difference``), as tests/builder/test_update.py does.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def main() -> None:
                     f"{change} {share:g}% ({n:,} lines): update {u_seconds:.1f} s ({100 * u_seconds / seconds:.1f}% of "
                     f"the full build), {u_written:,} bytes written ({100 * u_written / max(1, written):.1f}%); "
                     f"{summary.windows_encoded} windows encoded, {summary.windows_reused} reused, "
+                    f"{summary.lines_encoded:,} lines encoded ("
+                    f"{'batch-free rows: single sentences copied' if summary.batch_free else 'whole windows'}), "
                     f"{summary.files_linked} vectors files kept"
                 )
                 if args.check:

@@ -156,8 +156,11 @@ class StoredWindows:
 
     def unchanged_rows(self, unchanged_lines: int) -> int:
         """The rows a build of a corpus that shares its first ``unchanged_lines`` lines with this cache writes as
-        the cache holds them, at the same places: those of the windows before the first change. (Not the last
-        window: a corpus's end cuts it, which a longer corpus may not.)"""
+        the cache holds them, at the same places: on a batch-free device, every row of those lines; elsewhere
+        those of the windows before the first change (not the last window: a corpus's end cuts it, which a
+        longer corpus may not)."""
+        if self.batch_free:
+            return int(self.row_at[min(unchanged_lines, len(self.lengths))])
         before = [stop for _, stop in self.bounds[:-1] if stop <= unchanged_lines]
         return int(self.row_at[before[-1]]) if before else 0
 
@@ -197,16 +200,22 @@ class StoredWindows:
                 found[k] = line
         return found
 
-    def copy_sentences(self, sources: np.ndarray, places: np.ndarray, vectors: np.ndarray) -> np.ndarray | None:
+    def copy_sentences(
+        self, sources: np.ndarray, places: np.ndarray, vectors: np.ndarray, kept: int = 0
+    ) -> np.ndarray | None:
         """The stored rows of the cache's lines ``sources[sources >= 0]`` written into ``vectors`` at their
         ``places`` (the row each one's rows start at there), contiguous runs read in one go through the cache's
-        block sums; returns, in a cache with pooled vectors, each of those lines' stored pooled vector."""
+        block sums, but for runs wholly below ``vectors`` row ``kept`` (rows the writer keeps as the cache holds
+        them: :attr:`kept_rows`); returns, in a cache with pooled vectors, each of those lines' stored pooled
+        vector."""
         lines = sources[sources >= 0]
         if self.token_rows and len(lines):
             starts = self.offsets[lines]
             counts = self.lengths[lines].astype(np.int64)
             read = getattr(self.vectors, "rows", None)
             for first, stop, into in _runs(starts, counts, places[sources >= 0]):
+                if into + stop - first <= kept:
+                    continue
                 if "vectors" in self.guards:
                     self.guards["vectors"].check_rows(first, stop)
                 rows = read(first, stop) if read is not None else self.vectors[first:stop]
@@ -296,7 +305,7 @@ def copy_and_encode(
         )
         if progress is not None:
             progress(len(lengths))
-    copied_pooled = stored.copy_sentences(sources, places, vectors)
+    copied_pooled = stored.copy_sentences(sources, places, vectors, stored.kept_rows - rows_before)
     if pooled is not None and copied_pooled is not None:
         pooled[copied] = copied_pooled
     return vectors, pooled, encoded

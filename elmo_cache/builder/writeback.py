@@ -1,7 +1,9 @@
 """A sentence encoded on its own, as a build stores it: what ``serve --write-back`` keeps of a miss.
 
-A vector's last bits depend on the batch it was encoded in and on the word cache's history
-(:mod:`elmo_cache.builder.encoding`), so a live batch's vectors are not a build's. A build of a corpus
+On a device whose rows are not batch-free (:mod:`elmo_cache.encoder.batch_free`), a vector's last bits depend on
+the batch it was encoded in and on the word cache's history (:mod:`elmo_cache.builder.encoding`), so a live
+batch's vectors are not a build's (where rows are batch-free they are, and encoding alone costs nothing more than
+the batch would). A build of a corpus
 of one line encodes that line alone with an empty word cache, as a batch of one sentence through the
 build's per-batch path (:class:`~elmo_cache.builder.encoding.BatchEncoder`: the selection or mix, the
 cache's codec, the pool in float32). :class:`AloneEncoder` does exactly that, so a written-back sentence

@@ -258,6 +258,7 @@ def test_a_resumed_update_equals_an_uninterrupted_one(tmp_path, tiny_encoder):
     def failing(sentences):
         raise RuntimeError("simulated crash")
 
+    rows_batch_free(tiny_encoder)  # the update's check, done before the encoder fails
     tiny_encoder.encode_flat = failing  # the first window to encode is the inserted line's, mid-corpus
     try:
         with pytest.raises(RuntimeError, match="simulated crash"):
@@ -352,7 +353,7 @@ def test_a_zarr_update_keeps_the_vectors_files_before_the_change_and_resumes(tmp
     output = tmp_path / "c.zarr"
     options = {**SIZES, "progress": False, "commit_seconds": 0, "chunk_rows": 16, "shard_rows": 256}
     options["compression"] = compression
-    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    old_rows = build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder).n_rows
     files = sorted((output / "vectors" / "c").rglob("*"))
     inodes = {p.relative_to(output): p.stat().st_ino for p in files if p.is_file()}
     assert len(inodes) > 10
@@ -361,6 +362,7 @@ def test_a_zarr_update_keeps_the_vectors_files_before_the_change_and_resumes(tmp
     def failing(sentences):
         raise RuntimeError("simulated crash")
 
+    batch_free = rows_batch_free(tiny_encoder)  # the update's check, done before the encoder fails
     tiny_encoder.encode_flat = failing  # an append: the first window to encode is near the end
     try:
         with pytest.raises(RuntimeError, match="simulated crash"):
@@ -370,6 +372,8 @@ def test_a_zarr_update_keeps_the_vectors_files_before_the_change_and_resumes(tmp
     summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
     assert summary.updated and summary.resumed_from > 0 and summary.files_linked > 10
     assert "vectors files kept as they were" in str(summary)
+    if batch_free:  # every file wholly before the first appended row, the old last window's included
+        assert summary.files_linked == old_rows // 256
     kept = [name for name, inode in inodes.items() if (output / name).stat().st_ino == inode]
     assert len(kept) == summary.files_linked
     fresh = tmp_path / "fresh.zarr"

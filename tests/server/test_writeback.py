@@ -12,7 +12,9 @@ import pytest
 import elmo_cache
 from elmo_cache.builder import BuildOptions, build
 from elmo_cache.builder.writeback import AloneEncoder
+from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.errors import CacheFormatError, InvalidParameterError
+from elmo_cache.model import bilm as bilm_module
 from elmo_cache.reader.writeback import open_journal
 from elmo_cache.server import create_app, load_resources
 from elmo_cache.server.writeback import key_of
@@ -320,10 +322,22 @@ def bundled():
     return elmo_cache.Encoder.load("bundled", device="cpu")
 
 
-def test_misses_of_one_request_are_each_kept_as_a_fresh_build_of_it(tmp_path, bundled):
-    """With the bundled model a sentence's last bits change when it shares a batch with others (the tiny model's
-    do not), so this is where encoding each miss alone shows: three misses of one request, kept byte for byte as
-    three fresh builds, where the live batch without write-back differs."""
+@pytest.fixture
+def unrounded(bundled):
+    """The bundled model on an encoder that does not round its products' rows (elmo_cache.model.bilm): the rows of
+    a device where a sentence's last bits change when it shares a batch with others (this CPU's fp32 products of
+    1-3 rows, benchmarks/RESULTS.md "Batch invariance")."""
+    bundled.bilm.row_multiple = bundled.bilm.word_multiple = 1
+    bundled.clear_word_cache()
+    yield bundled
+    bundled.bilm.row_multiple, bundled.bilm.word_multiple = bilm_module.ROW_MULTIPLE, bilm_module.WORD_MULTIPLE
+    bundled.clear_word_cache()
+
+
+def test_misses_of_one_request_are_each_kept_as_a_fresh_build_of_it(tmp_path, unrounded):
+    """Where a sentence's last bits depend on its batch, encoding each miss alone shows: three misses of one
+    request, kept byte for byte as three fresh builds, where the live batch without write-back differs."""
+    bundled = unrounded
     cache = _build(tmp_path / "c.zarr", bundled, LINES)
     app = create_app(_wb_settings(cache.path), encoder=bundled, cache=cache)
 
@@ -342,3 +356,17 @@ def test_misses_of_one_request_are_each_kept_as_a_fresh_build_of_it(tmp_path, bu
             assert kept.tobytes() == rows.tobytes()
             differs += live.transpose(1, 0, 2).tobytes() != rows.tobytes()
     assert differs > 0  # the batched live answers are not the fresh build's bytes: the test can tell
+
+
+def test_on_a_batch_free_device_live_answers_are_the_fresh_builds_bytes(tmp_path, bundled):
+    """The encoder rounds its products' rows, so where the device's check passes a sentence answered live inside a
+    batch of others holds the bytes a fresh build of it stores (and those a build of the whole corpus stores)."""
+    if not rows_batch_free(bundled):
+        pytest.skip("this device's rows depend on their batch (elmo_cache.encoder.batch_free)")
+    bundled.clear_word_cache()
+    batched = bundled.embed_batch([tokenize(line) for line in LONGER])
+    together = _build(tmp_path / "all.zarr", bundled, LONGER)
+    for k, (line, live) in enumerate(zip(LONGER, batched)):
+        _, rows, _ = _fresh_row(tmp_path, bundled, line)
+        assert live.transpose(1, 0, 2).tobytes() == rows.tobytes()
+        assert np.asarray(together._sentence(k, stored=True)).transpose(1, 0, 2).tobytes() == rows.tobytes()
