@@ -3,6 +3,7 @@
     python benchmarks/batch_invariance.py                          # bundled model, fp32 and bf16, this device
     python benchmarks/batch_invariance.py --precision fp32 --threads 1
     python benchmarks/batch_invariance.py --precision fp32 --row-multiple 1 --word-multiple 1   # products unrounded
+    python benchmarks/batch_invariance.py --speed 3       # what the rounding costs: tokens/s rounded and not, 3 rounds
 
 An update must write the bytes a fresh build writes. Where a sentence's rows are the same bits in any batch, it
 copies every unchanged sentence's rows and encodes only the changed lines; elsewhere it encodes again every window
@@ -19,14 +20,18 @@ device at hand). This script measures how far that holds on this machine:
 It prints, for each case, how many rows (or sentences) differ in any bit per layer (0 is invariant).
 ``--row-multiple N`` and ``--word-multiple N`` set what the encoder rounds the row count of every LSTM product
 (input, recurrent, projection) and of every char-CNN call up to (the library's: 4 and 16; 1: the shapes as they
-come, the encoder before it rounded them).
+come, the encoder before it rounded them). ``--speed N`` instead times the encoder on ~200,000 tokens of the
+synthetic corpus, batched as a build batches a window (sorted by length, ``--batch-tokens`` a batch, the word cache
+cleared every window of 8 batches), with the products rounded and not, alternating, N rounds: tokens/s of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +115,33 @@ def many_sentences_case(encoder: Encoder, pool: list[list[str]]) -> None:
     print(f"  {total} sentences in random batches of 50-600: {differ} differ from alone (per layer {by_layer})")
 
 
+def speed_case(encoder: Encoder, corpus: list[list[str]], batch_tokens: int, rounds: int) -> None:
+    ordered = sorted(corpus, key=len)
+    batches: list[list[list[str]]] = [[]]
+    cost = 0
+    for sentence in ordered:
+        if batches[-1] and cost + len(sentence) + 2 > batch_tokens:
+            batches.append([])
+            cost = 0
+        batches[-1].append(sentence)
+        cost += len(sentence) + 2
+    tokens = sum(len(s) for s in corpus)
+    rates: dict[tuple[int, int], list[float]] = {(bilm.ROW_MULTIPLE, bilm.WORD_MULTIPLE): [], (1, 1): []}
+    for _ in range(rounds):
+        for multiples, measured in rates.items():
+            encoder.bilm.row_multiple, encoder.bilm.word_multiple = multiples
+            start = time.perf_counter()
+            for number, batch in enumerate(batches):
+                if number % 8 == 0:
+                    encoder.clear_word_cache()
+                encoder.encode_flat(batch)
+            measured.append(tokens / (time.perf_counter() - start))
+    for (rows, words), measured in rates.items():
+        figures = ", ".join(f"{rate:,.0f}" for rate in measured)
+        median = statistics.median(measured)
+        print(f"  rows rounded to x{rows}, words to x{words}: {figures} tokens/s (median {median:,.0f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="bundled")
@@ -118,6 +150,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--row-multiple", type=int, default=bilm.ROW_MULTIPLE, help="LSTM products' rows rounded to")
     parser.add_argument("--word-multiple", type=int, default=bilm.WORD_MULTIPLE, help="char-CNN words rounded to")
+    parser.add_argument("--speed", type=int, default=0, metavar="N", help="time rounded against unrounded, N rounds")
+    parser.add_argument(
+        "--batch-tokens", type=int, default=8192, help="--speed: tokens per batch (a build's CPU default)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -127,6 +163,11 @@ def main() -> None:
     vocabulary = sorted({w for s in pool for w in s})
     for precision in args.precision.split(","):
         encoder = Encoder.load(args.model, precision=precision, device=args.device)
+        if args.speed:
+            print(f"{args.model}, {precision}, {args.device}, {args.batch_tokens} tokens a batch:")
+            with torch.inference_mode():
+                speed_case(encoder, make_corpus(200_000, seed=11), args.batch_tokens, args.speed)
+            continue
         encoder.bilm.row_multiple, encoder.bilm.word_multiple = args.row_multiple, args.word_multiple
         print(
             f"{args.model}, {precision}, {args.device}, rows rounded to x{args.row_multiple}, words to "
