@@ -301,6 +301,8 @@ class EmbedService:
         late = {
             key: tokens for key, tokens in tokens_of.items() if key not in self._in_flight and key in writeback.journal
         }
+        if self._pool_only_miss(selection, pool):  # a pool-only cache's journal holds pooled vectors only
+            late = {}
         found: dict[bytes, Any] = {}
         if late:
 

@@ -51,11 +51,6 @@ def check_write_back(cache: Cache | None, encoder: Encoder | None, why_no_model:
             + (f" ({why_no_model})" if why_no_model else "")
             + "; pass --model, or serve without --write-back"
         )
-    if cache.pool_only:
-        raise InvalidParameterError(
-            f"write_back: {cache.path} is a --pool-only cache; --write-back keeps token rows and does not support "
-            "it yet: serve it without --write-back"
-        )
 
 
 class WriteBack:
@@ -134,7 +129,9 @@ class WriteBack:
         if found is None:
             return None
         rows, pooled = found
-        return self.cache.sentence_from_rows(rows), pooled
+        # A --pool-only cache's records hold its pooled vector alone (rows of no values): only a request its pooled
+        # vectors answer looks them up (Service._pool_only_miss).
+        return (rows if self.cache.pool_only else self.cache.sentence_from_rows(rows)), pooled
 
     def close(self) -> None:
         """Commit what is queued and close the journal."""

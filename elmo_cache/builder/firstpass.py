@@ -23,10 +23,9 @@ from elmo_cache.builder.encoding import Window, WindowCutter, assign_window
 from elmo_cache.errors import CacheFormatError
 from elmo_cache.store.columns import HASHES, TEXT, TEXT_ENDS, Column
 from elmo_cache.store.durable import RawColumn, atomic_write_json, fsync_path
-from elmo_cache.store.format import TEXT_ENCODING
-from elmo_cache.store.staging import encode_tokens
+from elmo_cache.store.staging import decode_tokens, encode_tokens
 from elmo_cache.text.corpus import Corpus
-from elmo_cache.text.tokenize import sentence_hash, split_key
+from elmo_cache.text.tokenize import sentence_hash
 
 __all__ = [
     "FirstPass",
@@ -109,9 +108,8 @@ class FirstPass:
         raw = self._range("text", start, int(ends[-1])).tobytes() if count else b""
         tokens: list[list[str]] = []
         for end in ends.tolist():
-            key = raw[start - base : end - base].decode(*TEXT_ENCODING)
+            tokens.append(decode_tokens(raw[start - base : end - base]))
             start = end
-            tokens.append(split_key(key))
         window = Window(
             first, tokens, self._range("hashes", first, first + count), self._range("lengths", first, first + count)
         )

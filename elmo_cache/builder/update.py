@@ -45,9 +45,9 @@ from elmo_cache.builder.encoding import WINDOW_RULE, Window, WindowEncoder, wind
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store import open_cache_arrays
 from elmo_cache.store.blocksums import guards
-from elmo_cache.store.format import POOLED_ARRAY, TEXT_ENCODING
-from elmo_cache.store.staging import encode_tokens
-from elmo_cache.text.tokenize import key_hash, sentence_key, split_key
+from elmo_cache.store.format import POOLED_ARRAY
+from elmo_cache.store.staging import decode_tokens, encode_tokens, stored_key
+from elmo_cache.text.tokenize import key_hash
 
 __all__ = ["StoredWindows", "WindowCounts", "copy_and_encode", "update_batch_tokens"]
 
@@ -169,8 +169,7 @@ class StoredWindows:
         reader takes the lines the corpus check found unchanged from here instead of splitting them again (the
         PTB rules cost ~17 us a line, a stored line ~1)."""
         for i in range(min(stop, len(self.lengths))):
-            key = self.text[self.text_starts[i] : self.text_starts[i + 1]].decode(*TEXT_ENCODING)
-            yield split_key(key), int(self.keys[i])
+            yield decode_tokens(self.text[self.text_starts[i] : self.text_starts[i + 1]]), int(self.keys[i])
 
     def rows(self, window: Window, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The stored rows of ``window``'s encoded (``new``) sentences in line order, and with ``--pool`` its
@@ -196,7 +195,7 @@ class StoredWindows:
             line = int(self._by_key[at[k]])
             # The 64-bit keys matched; the stored tokens confirm it: colliding sentences never share rows.
             stored = self.text[self.text_starts[line] : self.text_starts[line + 1]]
-            if stored == sentence_key(window.tokens[k]).encode(*TEXT_ENCODING):
+            if stored == stored_key(window.tokens[k]):
                 found[k] = line
         return found
 

@@ -35,7 +35,7 @@ class Alone:
     # (n_layers, n_tokens, dim) float32, as Encoder.embed_batch gives it (what live answers are made from):
     # 3 layers for ELMo, the embeddings and every block for a Transformer model.
     acts: np.ndarray
-    # (n_tokens, *stored row) in the codec's dtype, as the cache stores them.
+    # (n_tokens, *stored row) in the codec's dtype, as the cache stores them ((n_tokens, 0) for a pool-only cache).
     rows: np.ndarray
     # The stored pooled vector (the cache's pool and its dtype), or None for a cache without one.
     pooled: np.ndarray | None
@@ -46,15 +46,19 @@ class Alone:
 class AloneEncoder:
     """Encodes sentences one at a time as a build of a one-line corpus with a cache's options would."""
 
-    def __init__(self, encoder: Encoder, selection: Selection, codec: RowCodec, pool: Pool | None) -> None:
+    def __init__(
+        self, encoder: Encoder, selection: Selection, codec: RowCodec, pool: Pool | None, token_rows: bool = True
+    ) -> None:
         self.encoder = encoder
-        # Token rows are always checked: write-back refuses pool-only caches (server.writeback.check_write_back).
-        self.batch = BatchEncoder(encoder, selection, codec, pool)
+        # A --pool-only cache (token_rows false) keeps no token rows: its rows are (n_tokens, 0), and only its
+        # pooled vector must read back finite, as its build checks.
+        self.token_rows = token_rows
+        self.batch = BatchEncoder(encoder, selection, codec, pool, token_rows)
 
     @classmethod
     def for_cache(cls, encoder: Encoder, cache: Any) -> AloneEncoder:
         """The encoder of what ``cache`` (an open :class:`~elmo_cache.reader.cache.Cache`) stores."""
-        return cls(encoder, Selection.from_metadata(cache.metadata), cache.codec, cache.pool)
+        return cls(encoder, Selection.from_metadata(cache.metadata), cache.codec, cache.pool, not cache.pool_only)
 
     def encode(self, tokens: list[str]) -> Alone:
         """``tokens`` (not empty) encoded alone, with an empty word cache."""
@@ -66,4 +70,5 @@ class AloneEncoder:
             assert done.rows is not None  # BatchEncoder.encode copies them to the host
             pooled = None if done.pooled_stored is None else done.pooled_stored[0]
             acts = done.flat.cpu().numpy()
-        return Alone(acts=acts, rows=done.rows, pooled=pooled, finite=done.nonfinite is None)
+        rows = done.rows if self.token_rows else np.empty((len(tokens), 0), dtype=done.rows.dtype)
+        return Alone(acts=acts, rows=rows, pooled=pooled, finite=done.nonfinite is None)

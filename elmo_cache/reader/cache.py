@@ -37,7 +37,8 @@ from elmo_cache.store.format import (
     metadata_checksum,
     parse_metadata,
 )
-from elmo_cache.text.tokenize import WHITESPACE, is_storable, key_hash, sentence_key, split_key, tokenizer_for
+from elmo_cache.store.staging import decode_tokens
+from elmo_cache.text.tokenize import WHITESPACE, is_storable, key_hash, sentence_key, tokenizer_for
 
 __all__ = ["open", "Cache", "FORMAT_VERSIONS"]
 
@@ -398,8 +399,7 @@ class Cache:
                 f"{self.path}: a format-{self.format_version} cache stores no tokens; rebuild it with this "
                 "elmo-cache to read sentences back as text (or read them from its corpus)"
             )
-        text = self._text(self._position(i)).decode(*TEXT_ENCODING)
-        return split_key(text)
+        return decode_tokens(self._text(self._position(i)))
 
     def get(self, sentence: str | Sequence[str], default: Any = None) -> np.ndarray | None:
         """The vectors of ``sentence`` (text or token list), or ``default`` (None) when it is not cached.
@@ -422,6 +422,8 @@ class Cache:
         ignored, with a warning) and re-read when it has grown; its sentences have no number."""
         self._require()
         found = self._written_back_record(sentence)
+        if found is not None and self.pool_only:  # its records hold the pooled vector alone, as the cache does
+            raise InvalidParameterError(pool_only_refusal(self.path, self.pool))
         return None if found is None else self.sentence_from_rows(found[0])
 
     def _written_back_record(self, sentence: str | Sequence[str]) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -477,6 +479,8 @@ class Cache:
             rows, pooled = kept  # a written-back sentence: its stored pooled vector, or a pool of its rows
             if pooled is not None and self.pool is not None and self.pool.method == method:
                 return pooled
+            if self.pool_only:
+                raise InvalidParameterError(pool_only_refusal(self.path, self.pool, method))
             return pool_of_sentence(self.sentence_from_rows(rows), self._layered, method)
         if self._pooled is not None and self._pooled.pool.method == method:
             return self._pooled.row(i)

@@ -31,13 +31,14 @@ def record_layout(cache: Cache) -> RecordLayout:
 
 
 def layout_of_metadata(meta: Mapping[str, Any]) -> RecordLayout:
-    """:func:`record_layout` of the cache whose metadata is ``meta``."""
+    """:func:`record_layout` of the cache whose metadata is ``meta``: a ``--pool-only`` cache's records hold rows of
+    no values (row shape ``(0,)``: the sentence's token count and its pooled vector), as it stores no token rows."""
     row = Selection.from_metadata(meta).row_shape(int(meta["dim"]))
     codec = codec_of_metadata(meta)
     pool = pool_of(meta)
     return RecordLayout(
         row_dtype=np.dtype(codec.dtype).str,
-        row_shape=tuple(codec.stored_shape(row)),
+        row_shape=(0,) if pool is not None and pool.only else tuple(codec.stored_shape(row)),
         pooled_dtype=None if pool is None else np.dtype(pool.dtype).str,
         pooled_shape=None if pool is None else tuple(pooled_shape(row, pool.method)),
     )

@@ -26,7 +26,7 @@ from elmo_cache.store.format import BUILD_DIR, POOLED_ARRAY, PROGRESS_FILE, TEXT
 from elmo_cache.store.lock import check_held
 from elmo_cache.store.pooled import rows_with_repeats
 from elmo_cache.store.sentence_index import index_in_memory, sort_index
-from elmo_cache.text.tokenize import sentence_key
+from elmo_cache.text.tokenize import sentence_key, split_key
 
 # Bytes per read when a staging file is copied or read in pieces.
 _COPY_BLOCK = 16 * 2**20
@@ -37,6 +37,8 @@ __all__ = [
     "SentenceColumns",
     "Writer",
     "encode_tokens",
+    "decode_tokens",
+    "stored_key",
     "sentence_index",
     "offsets_after_zero",
     "array_blocks",
@@ -45,12 +47,23 @@ __all__ = [
 ]
 
 
+def stored_key(tokens: Sequence[str]) -> bytes:
+    """One sentence as ``tokens/bytes`` stores it: its key (:func:`elmo_cache.text.tokenize.sentence_key`),
+    encoded."""
+    return sentence_key(tokens).encode(*TEXT_ENCODING)
+
+
+def decode_tokens(stored: bytes) -> list[str]:
+    """The tokens of one sentence as ``tokens/bytes`` stores it (the inverse of :func:`stored_key`)."""
+    return split_key(stored.decode(*TEXT_ENCODING))
+
+
 def encode_tokens(token_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
     """``tokens/bytes`` of consecutive sentences (uint8) and each sentence's byte count (int64).
 
-    A sentence is stored as its key (:func:`elmo_cache.text.tokenize.sentence_key`).
+    A sentence is stored as its key (:func:`stored_key`).
     """
-    keys = [sentence_key(tokens).encode(*TEXT_ENCODING) for tokens in token_lists]
+    keys = [stored_key(tokens) for tokens in token_lists]
     sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
     return np.frombuffer(b"".join(keys), dtype=np.uint8), sizes
 

@@ -16,8 +16,7 @@ from elmo_cache.model.identity import model_differences
 from elmo_cache.progress import progress_bar
 from elmo_cache.rows.codecs import codec_of_metadata
 from elmo_cache.rows.selection import Selection
-from elmo_cache.store.format import TEXT_ENCODING
-from elmo_cache.text.tokenize import split_key
+from elmo_cache.store.staging import decode_tokens
 
 if TYPE_CHECKING:
     from elmo_cache.encoder.encoder import Encoder
@@ -52,7 +51,7 @@ def _expected(reference: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
 def sampled_tokens(texts: list[bytes], lengths: np.ndarray, sample: int, seed: int) -> dict[int, list[str]]:
     """The tokens of ``sample`` random non-empty sentences, from the stored text."""
     chosen = choose(lengths, sample, seed)
-    return {i: split_key(texts[i].decode(*TEXT_ENCODING)) for i in sorted(chosen)}
+    return {i: decode_tokens(texts[i]) for i in sorted(chosen)}
 
 
 def choose(lengths: np.ndarray, sample: int, seed: int) -> set[int]:

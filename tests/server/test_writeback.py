@@ -21,6 +21,7 @@ from elmo_cache.server.writeback import key_of
 from elmo_cache.store import journal as journal_module
 from elmo_cache.store.journal import journal_path
 from elmo_cache.text.tokenize import tokenize
+from elmo_cache.verify.checks import verify
 from tests.server_helpers import LINES, UNSEEN, decode, metric, run, serving, settings
 
 
@@ -128,6 +129,52 @@ def test_written_back_hit_equals_a_fresh_build(tmp_path, encoder, case):
     reopened.close()
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_pool_only_cache_keeps_the_pooled_vectors_of_its_misses(tmp_path, encoder, suffix):
+    """A --pool-only cache stores no token rows: write-back keeps each miss's pooled vector (records of rows of no
+    values), a later pooled request is a hit with the bytes a fresh build stores, a token request still goes live
+    (and is kept for its pool), and the library's lookups answer as for a cached sentence."""
+    options = {"pool": "max", "pool_only": True, "fp16": True}
+    cache = _build(tmp_path / f"p{suffix}", encoder, LINES, **options)
+    app = create_app(_wb_settings(cache.path), encoder=encoder, cache=cache)
+
+    async def scenario(client):
+        asked = [{"sentence": line, "format": "npy", "pool": "max"} for line in UNSEEN[:2]]
+        first = [await client.get("/embed", params=params) for params in asked]
+        tokens = await client.get("/embed", params={"sentence": UNSEEN[2], "format": "npy"})
+        assert app.state.service.writeback.journal.flush(10)
+        second = [await client.get("/embed", params=params) for params in asked]
+        kept_by_tokens = await client.get("/embed", params={"sentence": UNSEEN[2], "format": "npy", "pool": "max"})
+        again = await client.get("/embed", params={"sentence": UNSEEN[2], "format": "npy"})
+        return first, tokens, second, kept_by_tokens, again, (await client.get("/metrics")).text
+
+    first, tokens, second, kept_by_tokens, again, text = run(app, scenario)
+    assert [r.headers["x-elmo-source"] for r in first] == ["live", "live"]
+    assert [r.headers["x-elmo-source"] for r in second] == ["cache", "cache"]
+    assert tokens.headers["x-elmo-source"] == again.headers["x-elmo-source"] == "live"  # no token rows to keep
+    assert kept_by_tokens.headers["x-elmo-source"] == "cache"
+    assert decode(again).tobytes() == decode(tokens).tobytes()
+    assert metric(text, "elmo_cache_writeback_written_total") == 3
+    assert metric(text, "elmo_cache_writeback_hits_total") == 3
+    report = verify(cache.path)  # the journal's records read back whole under the pool-only layout
+    assert report.ok and any("write-back journal" in check and "3 sentences" in check for check in report.checks)
+    reopened = elmo_cache.open(cache.path)
+    for k, line in enumerate(UNSEEN):
+        with _build(tmp_path / f"fresh-{k}{suffix}", encoder, [line], **options) as fresh:
+            fresh_pooled = np.asarray(fresh.sentence_vector(0))
+        with open_journal(cache) as journal:
+            rows, pooled = journal.get(key_of(tokenize(line)))
+        assert rows.shape == (len(tokenize(line)), 0) and pooled.tobytes() == fresh_pooled.tobytes()
+        hit = second[k] if k < 2 else kept_by_tokens
+        assert decode(hit).tobytes() == fresh_pooled.tobytes()
+        assert reopened.sentence_vector(line).tobytes() == fresh_pooled.tobytes()
+        with pytest.raises(InvalidParameterError, match="pool-only"):
+            reopened.get(line)  # as for a cached sentence: no token vectors
+        with pytest.raises(InvalidParameterError, match="pool-only"):
+            reopened.sentence_vector(line, pool="mean")
+    reopened.close()
+
+
 def test_a_sentence_not_finite_once_stored_is_marked_not_refused(encoder):
     """What a build would refuse (float16 overflows under a loud mix) is encoded anyway and marked ``finite=False``:
     write-back leaves it out, and the live answer is still made from the encoder's float32 output."""
@@ -156,9 +203,6 @@ def test_write_back_is_refused_where_its_rows_would_not_be_the_caches(tmp_path, 
         load_resources(_wb_settings(cache.path, precision="bf16"), cache=cache)
     with pytest.raises(InvalidParameterError, match="name the cache"):
         load_resources(settings(write_back=True), encoder=encoder)
-    pool_only = _build(tmp_path / "p.zarr", encoder, LINES, pool="mean", pool_only=True)
-    with pytest.raises(InvalidParameterError, match="pool-only"):
-        load_resources(_wb_settings(pool_only.path), encoder=encoder, cache=pool_only)
     # A journal written for another cache (other layers) is refused by the server, ignored by a reader.
     layers = _build(tmp_path / "l.zarr", encoder, LINES, layers=(2,))
     open_journal(layers, journal_path(cache.path), writable=True).close()
