@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _corpus import make_corpus
 from _machine import describe_machine
 
+from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.encoder.encoder import Encoder
 from elmo_cache.model import bilm
 
@@ -172,6 +173,10 @@ def main() -> None:
         print(
             f"{args.model}, {precision}, {args.device}, rows rounded to x{args.row_multiple}, words to "
             f"x{args.word_multiple}:"
+        )
+        free = rows_batch_free(encoder)
+        print(
+            f"  the check (elmo_cache.encoder.batch_free.rows_batch_free): {'batch-free' if free else 'not batch-free'}"
         )
         with torch.inference_mode():
             word_vectors_case(encoder, pool[7], vocabulary)

@@ -39,7 +39,7 @@ step() {  # step NAME SECONDS COMMAND...: run, keep its log, say how it ended (o
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
 # Which steps run: all by default, e.g. STEPS="tests phases" for a second, shorter call.
-STEPS=${STEPS:-tests phases disk pipeline build encoder transformer}
+STEPS=${STEPS:-tests phases disk pipeline build encoder invariance transformer}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -83,6 +83,10 @@ grep -E "median|run " "$OUT"/build-*.log 2>/dev/null
 step encoder 100 python3 benchmarks/bench_encoder.py --device cuda --precision fp32,bf16 --tokens 200000 \
     --repeats 1 --json "$OUT/encoder.json"
 tail -25 "$OUT/encoder.log" 2>/dev/null
+# Whether a sentence's rows are the same bits alone and in any batch on this device (issue 32): where they are,
+# build --update copies single sentences' rows; where not, it encodes whole windows.
+step invariance 60 python3 benchmarks/batch_invariance.py --device cuda --precision fp32,bf16
+grep -E "check|random batches" "$OUT/invariance.log" 2>/dev/null
 # A Transformer encoder against a plain transformers loop (issue 37, item 4), where transformers imports.
 if python3 -c "import transformers" 2>/dev/null; then
     step transformer 150 python3 benchmarks/bench_transformer.py --size base --tokens 100000 --device cuda --repeats 2

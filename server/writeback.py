@@ -100,11 +100,11 @@ class WriteBack:
             metrics.writeback_commit_seconds.observe(value)
 
     def encode(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """The live batcher's encoder: each sentence alone, kept in the journal; returns the float32 outputs
+        """The live batcher's encoder: each sentence as a build of it alone stores it (in one batch where rows are
+        batch-free: :meth:`AloneEncoder.encode_many`), kept in the journal; returns the float32 outputs
         ``(n_layers, n_tokens, dim)`` the answers are made from. Runs in the encoder thread."""
         out = []
-        for tokens in sentences:
-            alone = self.alone.encode(tokens)
+        for tokens, alone in zip(sentences, self.alone.encode_many(sentences)):
             if alone.finite:  # a build refuses what would not read back finite; the answer path refuses it too
                 self._keep(tokens, alone.rows, alone.pooled)
             out.append(alone.acts)

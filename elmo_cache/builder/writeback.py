@@ -2,16 +2,17 @@
 
 On a device whose rows are not batch-free (:mod:`elmo_cache.encoder.batch_free`), a vector's last bits depend on
 the batch it was encoded in and on the word cache's history (:mod:`elmo_cache.builder.encoding`), so a live
-batch's vectors are not a build's (where rows are batch-free they are, and encoding alone costs nothing more than
-the batch would). A build of a corpus
-of one line encodes that line alone with an empty word cache, as a batch of one sentence through the
-build's per-batch path (:class:`~elmo_cache.builder.encoding.BatchEncoder`: the selection or mix, the
-cache's codec, the pool in float32). :class:`AloneEncoder` does exactly that, so a written-back sentence
-holds the bytes a fresh build of it (with the cache's options, on the same kind of device) holds.
+batch's vectors are not a build's. A build of a corpus of one line encodes that line alone with an empty word
+cache, as a batch of one sentence through the build's per-batch path
+(:class:`~elmo_cache.builder.encoding.BatchEncoder`: the selection or mix, the cache's codec, the pool in float32).
+:class:`AloneEncoder` does exactly that, so a written-back sentence holds the bytes a fresh build of it (with the
+cache's options, on the same kind of device) holds; where rows are batch-free, several misses share one batch and
+still hold those bytes (:meth:`AloneEncoder.encode_many`).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,34 @@ class AloneEncoder:
     def for_cache(cls, encoder: Encoder, cache: Any) -> AloneEncoder:
         """The encoder of what ``cache`` (an open :class:`~elmo_cache.reader.cache.Cache`) stores."""
         return cls(encoder, Selection.from_metadata(cache.metadata), cache.codec, cache.pool, not cache.pool_only)
+
+    def encode_many(self, batch: list[list[str]]) -> list[Alone]:
+        """Each sentence of ``batch`` (none empty) as :meth:`encode` gives it. Where the encoder's rows are batch-free
+        on its device (:func:`~elmo_cache.encoder.batch_free.rows_batch_free`), a sentence holds the same bits in a
+        batch of others as alone, so the batch is encoded in one go (from an empty word cache); elsewhere, and for a
+        batch holding a sentence that would not read back finite (a batch reports only its first), one by one."""
+        import torch
+
+        from elmo_cache.encoder.batch_free import rows_batch_free
+
+        if len(batch) > 1 and rows_batch_free(self.encoder):
+            with torch.inference_mode():
+                self.encoder.clear_word_cache()
+                done = self.batch.encode(batch)
+                acts = done.flat.cpu().numpy()
+            if done.nonfinite is None:
+                assert done.rows is not None  # BatchEncoder.encode copies them to the host
+                bounds = done.offsets.tolist()
+                return [
+                    Alone(
+                        acts=acts[:, a:b],
+                        rows=done.rows[a:b] if self.token_rows else np.empty((b - a, 0), dtype=done.rows.dtype),
+                        pooled=None if done.pooled_stored is None else done.pooled_stored[k],
+                        finite=True,
+                    )
+                    for k, (a, b) in enumerate(itertools.pairwise(bounds))
+                ]
+        return [self.encode(tokens) for tokens in batch]
 
     def encode(self, tokens: list[str]) -> Alone:
         """``tokens`` (not empty) encoded alone, with an empty word cache."""

@@ -147,16 +147,22 @@ CASES = [
 ]
 
 
+def built(tmp_path: Path, encoder, suffix: str, edit: str, extra: dict, seed: int):
+    """A cache of N corpus lines built with ``extra`` options: ``(old lines, edited lines, corpus, output,
+    options)``; the corpus file still holds the old lines."""
+    old = corpus_lines(N, seed=seed)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / f"c{suffix}"
+    options = {**SIZES, "progress": False, **extra}
+    build(corpus, BuildOptions(output=output, **options), encoder=encoder)
+    return old, edited(old, edit), corpus, output, options
+
+
 @pytest.mark.parametrize(("suffix", "edit", "extra"), CASES)
 def test_an_update_equals_a_fresh_build_and_encodes_only_the_changed_windows(
     tmp_path, tiny_encoder, suffix, edit, extra
 ):
-    old = corpus_lines(N, seed=11)
-    new = edited(old, edit)
-    corpus = write_corpus(tmp_path / "c.txt", old)
-    output = tmp_path / f"c{suffix}"
-    options = {**SIZES, "progress": False, **extra}
-    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    old, new, corpus, output, options = built(tmp_path, tiny_encoder, suffix, edit, extra, seed=11)
     reader = elmo_cache.open(output)  # open during the update: it keeps reading the old cache
     old_first = np.array(reader[0]) if not extra.get("pool_only") else reader.sentence_vector(0)
 
@@ -771,12 +777,7 @@ def test_where_rows_depend_on_their_batch_an_update_encodes_the_changed_windows_
     fresh build encodes it, and the cache is still a fresh build's, byte for byte."""
     from elmo_cache.builder import local
 
-    old = corpus_lines(N, seed=21)
-    new = edited(old, edit)
-    corpus = write_corpus(tmp_path / "c.txt", old)
-    output = tmp_path / f"c{suffix}"
-    options = {**SIZES, "progress": False, **extra}
-    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    old, new, corpus, output, options = built(tmp_path, tiny_encoder, suffix, edit, extra, seed=21)
     write_corpus(corpus, new)
     monkeypatch.setattr(local, "rows_batch_free", lambda encoder: False)
     summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
