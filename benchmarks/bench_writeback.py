@@ -12,7 +12,8 @@ with one request at a time, ``GET /embed?format=npy`` of one sentence:
   the same sentences on a server with write-back (each encoded alone, its stored rows queued for the journal);
 * ``written-back hit``: the same sentences asked again once committed (read from the journal: pread, CRC, decode);
 * ``--concurrent`` distinct misses sent at once, without and with write-back: the wall time of the burst (the
-  live batcher encodes a burst in shared batches; write-back encodes each sentence alone, as a build stores it).
+  live batcher encodes a burst in shared batches; write-back does too where the device's rows are batch-free, else
+  it encodes each sentence alone, as a build stores it: the server's /info ``write_back.shared_batches``).
 
 Prints the median and 90th percentile per scenario, the journal's bytes per sentence and its commit times
 (write + fsync, from /metrics), with the machine and its load average.
@@ -142,7 +143,7 @@ def main() -> None:
     print(_line("cache hit, no write-back", hits_plain))
     print(_line("cache hit, --write-back", hits_kept))
     print(_line("miss, no write-back (live batch of one)", misses_plain))
-    print(_line("miss, --write-back (encoded alone, queued)", misses_kept))
+    print(_line("miss, --write-back (a build's bytes, queued)", misses_kept))
     print(_line("written-back hit (from the journal)", again))
     print(
         f"\n{args.concurrent} distinct misses at once: {burst_plain_s * 1000:.0f} ms without write-back, "

@@ -345,6 +345,7 @@ def test_metrics_and_info_describe_the_journal(tmp_path, encoder):
         "bytes": os.path.getsize(journal_path(cache.path)),
         "max_bytes": 1 << 30,
         "commit_ms": 5.0,
+        "shared_batches": rows_batch_free(encoder),
     }
     assert metric(text, "elmo_cache_cache_hits_total") == 1
     assert metric(text, "elmo_cache_cache_misses_total") == 3
