@@ -19,11 +19,11 @@ windows as the cache's build wherever the corpus did not change. For each window
 
 So the encoding cost follows the change: on a batch-free device, the new and edited lines alone; elsewhere, the
 windows holding them (an append re-encodes the old last window too, which the corpus's end cut). The bytes
-written follow it only in part: a zarr cache's vectors files that lie wholly before the first changed window are
-the old cache's own files, hard-linked (:meth:`ZarrWriter.link_unchanged
-<elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending writes the last files and the per-line
-arrays; every row after an edit in the middle moves and is written again, and an HDF5 cache (one file) is
-written whole.
+written follow it only in part: a zarr cache's vectors files that lie wholly before the first changed line (on a
+batch-free device; elsewhere the first changed window) are the old cache's own files, hard-linked
+(:meth:`ZarrWriter.link_unchanged <elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending writes
+the last file and the per-line arrays; every row after an edit in the middle moves and is written again, and an
+HDF5 cache (one file) is written whole.
 The lines before the first one the corpus check found changed are not split again either: their tokens and keys
 come from the cache (:meth:`StoredWindows.sentences`), so a small append tokenises its corpus once, in the check.
 A cache written before the windows were recorded (metadata ``windows``), by an encoder that did not round its
