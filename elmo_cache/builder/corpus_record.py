@@ -156,6 +156,6 @@ def check_same_corpus(
     raise CorpusChangedError(
         f"{output} was built from another version of {source.name} ({len(stored)} lines, now {len(new)}): "
         f"{changes.describe()}. Its row i would no longer be line i of the corpus. Pass --update to bring it up "
-        "to date (re-encoding only the changed windows), --overwrite to rebuild it, or build into another "
+        "to date (encoding only the new or changed lines), --overwrite to rebuild it, or build into another "
         "-o/--output"
     )
