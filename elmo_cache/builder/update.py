@@ -284,26 +284,17 @@ def copy_and_encode(
     buffers = encode.buffers
     vectors = np.empty(shape, encode.np_dtype) if buffers is None else buffers.empty(shape, encode.np_dtype)
     places = np.asarray(offsets, dtype=np.int64) - rows_before
-    encoded = 0
-    if todo.any():
-        # The sentences to encode, as a window of their own rows (offsets from 0), then each one's rows to its place.
-        compact = np.zeros(len(lengths), dtype=np.int64)
-        compact[todo] = np.cumsum(lengths[todo]) - lengths[todo]
-        rows, pooled, encoded = encode.encode(
-            window.tokens, window.lengths, compact, todo, 0, progress, first_line=window.first_line
-        )
-        into = np.repeat(places[todo] - compact[todo], lengths[todo]) + np.arange(len(rows))
-        vectors[into] = rows
-        if buffers is not None:
-            buffers.release(rows)
-    else:
-        pooled = (
-            None
-            if encode.pooled_shape is None or encode.pooling is None
-            else np.zeros((len(lengths), *encode.pooled_shape), dtype=encode.pooling.dtype)
-        )
-        if progress is not None:
-            progress(len(lengths))
+    # The sentences to encode (maybe none), as a window of their own rows (offsets from 0), then each one's rows to
+    # its place; the encoder also gives the window's pooled array (zeros for the others) and reports its progress.
+    compact = np.zeros(len(lengths), dtype=np.int64)
+    compact[todo] = np.cumsum(lengths[todo]) - lengths[todo]
+    rows, pooled, encoded = encode.encode(
+        window.tokens, window.lengths, compact, todo, 0, progress, first_line=window.first_line
+    )
+    into = np.repeat(places[todo] - compact[todo], lengths[todo]) + np.arange(len(rows))
+    vectors[into] = rows
+    if buffers is not None:
+        buffers.release(rows)
     copied_pooled = stored.copy_sentences(sources, places, vectors, stored.kept_rows - rows_before)
     if pooled is not None and copied_pooled is not None:
         pooled[copied] = copied_pooled

@@ -12,13 +12,12 @@ still hold those bytes (:meth:`AloneEncoder.encode_many`).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_cache.builder.encoding import BatchEncoder
+from elmo_cache.builder.encoding import BatchEncoder, EncodedBatch
 from elmo_cache.rows.codecs import RowCodec
 from elmo_cache.rows.pooling import Pool
 from elmo_cache.rows.selection import Selection
@@ -76,17 +75,7 @@ class AloneEncoder:
                 done = self.batch.encode(batch)
                 acts = done.flat.cpu().numpy()
             if done.nonfinite is None:
-                assert done.rows is not None  # BatchEncoder.encode copies them to the host
-                bounds = done.offsets.tolist()
-                return [
-                    Alone(
-                        acts=acts[:, a:b],
-                        rows=done.rows[a:b] if self.token_rows else np.empty((b - a, 0), dtype=done.rows.dtype),
-                        pooled=None if done.pooled_stored is None else done.pooled_stored[k],
-                        finite=True,
-                    )
-                    for k, (a, b) in enumerate(itertools.pairwise(bounds))
-                ]
+                return [self._alone(done, acts, k, finite=True) for k in range(len(batch))]
         return [self.encode(tokens) for tokens in batch]
 
     def encode(self, tokens: list[str]) -> Alone:
@@ -96,8 +85,13 @@ class AloneEncoder:
         with torch.inference_mode():
             self.encoder.clear_word_cache()
             done = self.batch.encode([tokens])
-            assert done.rows is not None  # BatchEncoder.encode copies them to the host
-            pooled = None if done.pooled_stored is None else done.pooled_stored[0]
             acts = done.flat.cpu().numpy()
-        rows = done.rows if self.token_rows else np.empty((len(tokens), 0), dtype=done.rows.dtype)
-        return Alone(acts=acts, rows=rows, pooled=pooled, finite=done.nonfinite is None)
+        return self._alone(done, acts, 0, finite=done.nonfinite is None)
+
+    def _alone(self, done: EncodedBatch, acts: np.ndarray, k: int, finite: bool) -> Alone:
+        """Sentence ``k`` of an encoded batch (``acts``: its float32 output on the host)."""
+        assert done.rows is not None  # BatchEncoder.encode copies them to the host
+        a, b = int(done.offsets[k]), int(done.offsets[k + 1])
+        rows = done.rows[a:b] if self.token_rows else np.empty((b - a, 0), dtype=done.rows.dtype)
+        pooled = None if done.pooled_stored is None else done.pooled_stored[k]
+        return Alone(acts=acts[:, a:b], rows=rows, pooled=pooled, finite=finite)

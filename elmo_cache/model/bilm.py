@@ -236,11 +236,11 @@ class BiLM:
         gates_x: Any = None  # set at step 0: every layer starts a chunk there
         chunk_end_step = 0
         chunk_row0 = 0
-        batch = h.shape[1]
         h_prev, c_prev = h.to(cd), c
-        if _round_up(batch, multiple) > batch:  # the first step's rounded rows: zero states
-            h_prev = torch.cat([h_prev, h_prev.new_zeros(2, _round_up(batch, multiple) - batch, h.shape[2])], dim=1)
-            c_prev = torch.cat([c, c.new_zeros(2, _round_up(batch, multiple) - batch, c.shape[2])], dim=1)
+        first_extra = _round_up(h.shape[1], multiple) - h.shape[1]
+        if first_extra:  # the first step's rounded rows: zero states
+            h_prev = torch.cat([h_prev, h_prev.new_zeros(2, first_extra, h.shape[2])], dim=1)
+            c_prev = torch.cat([c, c.new_zeros(2, first_extra, c.shape[2])], dim=1)
         for t in range(packed.max_len):
             if t == chunk_end_step:
                 # Input projections of the next block of timesteps in one large GEMM.
