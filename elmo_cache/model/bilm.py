@@ -257,7 +257,7 @@ class BiLM:
             r0 = packed.starts[t] - chunk_row0
             gates_h = matmuls.recurrent(h_prev[:, :rounded])
             hidden, cell = cell_step(matmuls.cell, gates_x, r0, gates_h, c_prev, cell_clip)
-            projected = matmuls.project(hidden.to(cd)).float()
+            projected = matmuls.project(hidden).float()
             if proj_clip is not None:
                 projected.clamp_(-proj_clip, proj_clip)
             row = packed.starts[t]
@@ -388,14 +388,16 @@ def _call(cell: Callable[..., tuple[torch.Tensor, torch.Tensor]], *args: Any) ->
 def _lstm_cell(
     gates_x: torch.Tensor, row0: int, gates_h: torch.Tensor, c_prev: torch.Tensor, cell_clip: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gate non-linearities and cell update in float32; gate columns are i, f, o, j.
+    """Gate non-linearities and cell update in float32, the hidden output in the gates' (compute) dtype; gate
+    columns are i, f, o, j.
 
     ``gates_x`` is a whole chunk of input projections and ``c_prev`` the previous step's whole
     cell tensor; the live rows are sliced here, so the compiled kernel always sees contiguous
     inputs (views with varying strides would make torch.compile recompile per pattern).
     """
     n = gates_h.shape[1]
-    return _cell_update(gates_x[:, row0 : row0 + n].float() + gates_h.float(), c_prev[:, :n], cell_clip)
+    gates = gates_x[:, row0 : row0 + n].float() + gates_h.float()
+    return _cell_update(gates, c_prev[:, :n], cell_clip, gates_h.dtype)
 
 
 def _lstm_cell_per_direction(
@@ -409,17 +411,28 @@ def _lstm_cell_per_direction(
     Stacking them first would cost a pass over the gates (compiled, a conditional load per element); each
     direction's results are written into the stacked outputs instead."""
     n = gates_h[0].shape[0]
-    h0, c0 = _cell_update(gates_x[0][row0 : row0 + n].float() + gates_h[0].float(), c_prev[0, :n], cell_clip)
-    h1, c1 = _cell_update(gates_x[1][row0 : row0 + n].float() + gates_h[1].float(), c_prev[1, :n], cell_clip)
+    dtype = gates_h[0].dtype
+    h0, c0 = _cell_update(gates_x[0][row0 : row0 + n].float() + gates_h[0].float(), c_prev[0, :n], cell_clip, dtype)
+    h1, c1 = _cell_update(gates_x[1][row0 : row0 + n].float() + gates_h[1].float(), c_prev[1, :n], cell_clip, dtype)
     return torch.stack((h0, h1)), torch.stack((c0, c1))
 
 
-def _cell_update(gates: torch.Tensor, c: torch.Tensor, cell_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _cell_update(
+    gates: torch.Tensor, c: torch.Tensor, cell_clip: float, hidden_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gates' non-linearities and the cell update: the hidden output in ``hidden_dtype`` (the compute dtype,
+    all the projection reads, so no pass of its own converts it), the cell in float32.
+
+    Each gate's sigmoid is taken on its own slice: one sigmoid over the three gates makes the compiled kernel
+    write them out and read them back (a pass over 3/4 of the gates), where per-gate slices fuse into one pass
+    (the compiled cell 1.4-1.6x faster on a 2-core Zen 5). The values are the same bits either way."""
     d = c.shape[-1]
-    sig = torch.sigmoid(gates[..., : 3 * d])
+    input_gate = torch.sigmoid(gates[..., :d])
+    forget_gate = torch.sigmoid(gates[..., d : 2 * d])
+    output_gate = torch.sigmoid(gates[..., 2 * d : 3 * d])
     candidate = torch.tanh(gates[..., 3 * d :])
-    cell = torch.addcmul(sig[..., d : 2 * d] * c, sig[..., :d], candidate).clamp_(-cell_clip, cell_clip)
-    return sig[..., 2 * d :] * torch.tanh(cell), cell
+    cell = torch.addcmul(forget_gate * c, input_gate, candidate).clamp_(-cell_clip, cell_clip)
+    return (output_gate * torch.tanh(cell)).to(hidden_dtype), cell
 
 
 # Compiled versions of the LSTM cell dynamo may keep (torch's default is 8).

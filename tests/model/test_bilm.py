@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_cache import Encoder
 from elmo_cache.model import bilm as bilm_module
@@ -154,3 +155,44 @@ def test_every_product_sees_rows_rounded_up_and_the_extra_rows_change_nothing(ti
     plain = encoder.embed_batch(SENTENCES)
     for x, y in zip(rounded, plain, strict=True):
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+class _Shapes(TorchDispatchMode):
+    """Every tensor an operator makes, by shape and dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                self.made.append((tuple(tensor.shape), tensor.dtype))
+        return result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cell_makes_no_tensor_wider_than_one_gate_and_hands_the_projection_its_dtype(dtype):
+    """Compiled, the cell is one pass over the gates only if no step of it makes a tensor spanning several gates
+    (one sigmoid over the i, f, o columns made the kernel write them out and read them back: 1.4-1.6x the cell's
+    time). Its hidden output comes in the gates' dtype, all the projection reads (no conversion pass of its own)."""
+    generator = torch.Generator().manual_seed(2)
+    d = 8
+    gates_x = torch.randn(2, 9, 4 * d, generator=generator).to(dtype)
+    gates_h = torch.randn(2, 4, 4 * d, generator=generator).to(dtype)
+    c_prev = torch.randn(2, 6, d, generator=generator)
+    with _Shapes() as shapes:
+        hidden, cell = bilm_module._lstm_cell(gates_x, 3, gates_h, c_prev, 0.5)
+    # The gates' sum is the one tensor of all four gates; nothing else spans more than one.
+    wide = [shape for shape, _ in shapes.made if shape[-1] > d]
+    assert wide and all(shape[-1] == 4 * d for shape in wide), wide
+    assert [shape for shape in wide if shape[-1] == 4 * d] == [(2, 4, 4 * d)] * len(wide)
+    assert hidden.dtype == dtype and cell.dtype == torch.float32
+    # The values: the textbook LSTM update in float32 (to its round-off), the hidden output in the gates' dtype.
+    gates = gates_x[:, 3:7].float() + gates_h.float()
+    i, f, o, j = gates.split(d, dim=-1)
+    want_cell = (torch.sigmoid(f) * c_prev[:, :4] + torch.sigmoid(i) * torch.tanh(j)).clamp(-0.5, 0.5)
+    torch.testing.assert_close(cell, want_cell, atol=1e-6, rtol=0)
+    one_rounding = 0.0 if dtype == torch.float32 else 2.0**-8
+    torch.testing.assert_close(hidden.float(), torch.sigmoid(o) * torch.tanh(want_cell), atol=1e-6, rtol=one_rounding)
