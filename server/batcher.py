@@ -14,7 +14,7 @@ load batches grow by themselves and the encoder is never idle.
 When a batch leaves the queue empty, the encoder thread hands the C heap's free pages back to the system
 (:func:`~elmo_cache.builder.alloc.trim_heap`, a few ms): each batch frees buffers of its own sizes, and without
 that a server's resident memory crept up burst after burst (bundled model, 30 bursts of 8-60 distinct misses:
-RssAnon 276 -> 356 MiB, against 231-270 MiB trimmed; ``benchmarks/bench_server_heap.py``). Never between two
+RssAnon 276 -> 343 MiB, against 231-273 MiB trimmed; ``benchmarks/bench_server_heap.py``). Never between two
 batches of a burst, where the pages would only be faulted in again.
 """
 
