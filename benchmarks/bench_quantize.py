@@ -98,12 +98,12 @@ def build_all(
     lines: list[str], encoder: Encoder, work: Path, pq: list[str], sample: int | None = None
 ) -> dict[str, tuple[Path, float]]:
     """Each cache built once; ``sample``: the pq/opq builds' ``--codebook-sample`` (None: the default)."""
-    from elmo_cache.builder import codebooks
+    from elmo_cache.rows import pq_training
 
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = {}
-    train = codebooks.train_codebooks
+    train = pq_training.train_codebooks
     for name, extra in {**STORAGE, **{m: {"quantize": m, "codebook_sample": sample} for m in pq}}.items():
 
         def timed_training(sample, quantization, name=name):
@@ -112,13 +112,13 @@ def build_all(
             TRAINING_SECONDS[name] = time.perf_counter() - start
             return trained
 
-        codebooks.train_codebooks = timed_training  # looked up by name when a build trains its codebooks
+        pq_training.train_codebooks = timed_training  # looked up by name when a build trains its codebooks
         options = BuildOptions(output=work / f"{name.replace(':', '')}.zarr", progress=False, device="cpu", **extra)
         start = time.perf_counter()
         try:
             summary = build(corpus, options, encoder=encoder)
         finally:
-            codebooks.train_codebooks = train
+            pq_training.train_codebooks = train
         out[name] = (summary.path, summary.n_tokens / (time.perf_counter() - start))
     return out
 

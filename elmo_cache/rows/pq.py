@@ -9,7 +9,8 @@ widely in scale and spread) or one for a mix: the codebooks, an array of their o
 
 Scheme ``opq`` (``build --quantize opq:M``): the same codes of ``y = x @ A.T``, ``A`` an orthonormal
 ``dim x dim`` rotation per stored layer (faiss's ``OPQMatrix.A``) learned with the codebooks so that the
-sub-vectors quantise better (benchmarks/RESULTS.md); reading gathers ``y``'s centroids, then ``x = y @ A``.
+sub-vectors quantise better (benchmarks/RESULTS.md); reading gathers ``y``'s centroids, then ``x = y @ A`` (torch, the
+rows rounded up as the encoder's: :func:`_rotate_back`).
 The rotations follow the centroids in the same codebooks array, so that staging, stitching and the block
 sums carry them as they carry the centroids.
 
@@ -23,6 +24,7 @@ faiss, so that a build needs faiss only to train.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -320,23 +322,32 @@ class ProductQuantization(QuantizedCodec):
             return self._assign(x)
 
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
+        """The codes; every product's rows a multiple of the encoder's ``ROW_MULTIPLE`` (zero rows added, their
+        codes thrown away), so that a vector's codes do not follow the size of its batch (see
+        :mod:`elmo_cache.model.bilm`): an update copies a sentence's stored codes where a fresh build encodes
+        it in another batch."""
         import torch
+
+        from elmo_cache.model.bilm import ROW_MULTIPLE
 
         table = torch.tensor(self._table(), device=x.device)  # (slots, m, 256, dsub); a copy: ours is read-only
         books = table.reshape(self.slots * self.m, CENTROIDS, self.dsub)
         norms = (books * books).sum(-1)[:, None, :]  # (slots * m, 1, 256)
         rows = x.float().reshape(-1, self.slots, self.dim)
+        n = rows.shape[0]
+        if n % ROW_MULTIPLE:
+            rows = torch.cat([rows, rows.new_zeros(ROW_MULTIPLE - n % ROW_MULTIPLE, self.slots, self.dim)])
         if self.rotated:  # y = x @ A.T, one product per slot: (slots, n, dim) @ (slots, dim, dim)
             rotation = torch.tensor(self._rotation(), device=x.device)
             rows = torch.bmm(rows.transpose(0, 1), rotation.transpose(1, 2)).transpose(0, 1)
-        flat = rows.reshape(-1, self.slots * self.m, self.dsub).transpose(0, 1)  # (slots * m, n, dsub)
+        flat = rows.reshape(-1, self.slots * self.m, self.dsub).transpose(0, 1)  # (slots * m, rows, dsub)
         out = torch.empty(flat.shape[:2], dtype=torch.uint8, device=x.device)
-        step = max(1, _CHUNK_ELEMENTS // (self.slots * self.m * CENTROIDS))
+        step = max(1, _CHUNK_ELEMENTS // (self.slots * self.m * CENTROIDS * ROW_MULTIPLE)) * ROW_MULTIPLE
         books_t = books.transpose(1, 2).contiguous()
         for start in range(0, flat.shape[1], step):
             dist = torch.baddbmm(norms, flat[:, start : start + step], books_t, alpha=-2)
             out[:, start : start + step] = dist.argmin(dim=-1).to(torch.uint8)
-        return out.transpose(0, 1).reshape(*x.shape[:-1], self.m)
+        return out[:, :n].transpose(0, 1).reshape(*x.shape[:-1], self.m)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -381,7 +392,8 @@ class ProductQuantization(QuantizedCodec):
 
     def dequantize(self, rows: np.ndarray) -> np.ndarray:
         """Floats of stored rows ``(..., slots, m)`` (or ``(..., m)`` with one slot): one gather, float32; for
-        opq then one matrix product per slot over all the rows (``x = y @ A``)."""
+        opq then one matrix product per slot over all the rows (``x = y @ A``), the same bits for a row whatever
+        the other rows (:func:`_rotate_back`)."""
         table = self._table()
         if rows.shape[-1] != self.m:
             raise ValueError(f"stored rows end in {rows.shape[-1]} codes, expected {self.m}")
@@ -390,10 +402,7 @@ class ProductQuantization(QuantizedCodec):
         base = (np.arange(self.slots)[:, None] * self.m + np.arange(self.m)[None, :]) * CENTROIDS
         out = np.take(table.reshape(-1, self.dsub), codes + base, axis=0).reshape(-1, self.slots, self.dim)
         if self.rotated:
-            rotation = self._rotation()
-            rotated, out = out, np.empty_like(out)
-            for slot in range(self.slots):  # strided views: BLAS reads and writes them in place, no copies
-                np.matmul(rotated[:, slot], rotation[slot], out=out[:, slot])
+            out = _rotate_back(out, self._rotation())
         return out.reshape(*rows.shape[:-1], self.dim)
 
     def raw(self, rows: np.ndarray) -> PQSentence:
@@ -463,6 +472,30 @@ class PQSentence(UndecodedSentence):
         return self.quantization.dequantize(self.codes)
 
 
+def _rotate_back(rotated: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+    """``x = y @ A`` per slot: ``rotated`` ``(n, slots, dim)``, ``rotation`` ``(slots, dim, dim)``, float32.
+
+    One batched torch product over the slots, its rows rounded up to the encoder's multiple (the rows past ``n``
+    zeros, thrown away): a row's bits then do not follow the rows read with it, nor the process's threads, as the
+    encoder's own products (:mod:`elmo_cache.model.bilm`). numpy's BLAS gave a row other bits by the size of the
+    product and the row's place in it (a 2-core Zen 5: over half of 2,000 rows changed when the rows were
+    permuted), so a sentence read alone and the same sentence in a collated batch differed."""
+    import torch
+
+    from elmo_cache.model.bilm import ROW_MULTIPLE
+
+    n, slots, dim = rotated.shape
+    padded = torch.zeros(-(-n // ROW_MULTIPLE) * ROW_MULTIPLE, slots, dim)
+    padded[:n] = torch.from_numpy(rotated)
+    with warnings.catch_warnings():  # read-only codebooks: the product only reads them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        matrices = torch.from_numpy(rotation)
+    out = torch.empty_like(padded)
+    for slot in range(slots):  # strided views, read and written in place (a batched product ran 1.3x longer)
+        torch.mm(padded[:, slot], matrices[slot], out=out[:, slot])
+    return out[:n].numpy()
+
+
 def pad_pq(items: Sequence[PQSentence], max_tokens: int) -> torch.Tensor:
     """A zero-padded float32 batch of product-quantised sentences, decoded by one gather over the batch:
     ``(batch, n_layers, max_tokens, dim)`` or ``(batch, max_tokens, dim)``."""
@@ -473,16 +506,17 @@ def pad_pq(items: Sequence[PQSentence], max_tokens: int) -> torch.Tensor:
     layered = first.ndim == 3
     token_axis = 1 if layered else 0
     per_token = first.codes.shape[:token_axis]
-    codes = np.zeros((len(items), max_tokens, *per_token, q.m), dtype=np.uint8)  # token-major, as stored
     mask = np.zeros((len(items), max_tokens), dtype=bool)
+    pieces = []
     for b, item in enumerate(items):
         if item.codes.shape[:token_axis] != per_token or item.quantization is not q:
             raise InvalidParameterError(f"collate: item {b} has shape {item.shape}, unlike item 0 {first.shape}")
-        n = item.codes.shape[token_axis]
-        codes[b, :n] = item.codes.transpose(1, 0, 2) if layered else item.codes
-        mask[b, :n] = True
-    out = q.dequantize(codes)  # (batch, tokens, [layers,] dim)
-    out[~mask] = 0  # padding decodes to centroid 0: zero it, as float batches are
+        pieces.append(item.codes.transpose(1, 0, 2) if layered else item.codes)  # token-major, as stored
+        mask[b, : item.codes.shape[token_axis]] = True
+    # Only the tokens are decoded (a row decodes to the same bits in any batch), then placed; padding stays zero,
+    # as in float batches.
+    out = np.zeros((len(items), max_tokens, *per_token, q.dim), dtype=np.float32)  # (batch, tokens, [layers,] dim)
+    out[mask] = q.dequantize(np.concatenate(pieces))
     if layered:
         out = out.transpose(0, 2, 1, 3)
     return torch.from_numpy(np.ascontiguousarray(out))

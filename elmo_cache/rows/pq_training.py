@@ -78,8 +78,7 @@ def train_codebooks(sample: np.ndarray, quantization: _Q) -> _Q:
         for slot in range(quantization.slots):
             x = np.ascontiguousarray(sample[:, slot], dtype=np.float32)
             if rotations is not None:
-                rotations[slot] = _train_rotation(faiss, x, quantization)
-                x = np.ascontiguousarray(x @ rotations[slot].T)  # y = x A^T, the vectors the codes are of
+                rotations[slot], x = _train_rotation(faiss, x, quantization)
             pq = _product_quantizer(faiss, quantization, quantization.training.iterations)
             pq.train(x)
             out[slot] = faiss.vector_to_array(pq.centroids).reshape(quantization.codebook_shape[1:])
@@ -97,10 +96,15 @@ def _product_quantizer(faiss: Any, quantization: Trainable, iterations: int) -> 
     return pq
 
 
-def _train_rotation(faiss: Any, x: np.ndarray, quantization: Trainable) -> np.ndarray:
+def _train_rotation(faiss: Any, x: np.ndarray, quantization: Trainable) -> tuple[np.ndarray, np.ndarray]:
     """One slot's OPQ rotation ``A`` (dim x dim, float32) learned on ``x`` by faiss's OPQMatrix: alternately a
     PQ of the rotated vectors (its k-means seeded with ``training.seed``) and the orthogonal Procrustes
-    rotation best mapping the vectors onto their PQ reconstructions."""
+    rotation best mapping the vectors onto their PQ reconstructions; and ``x`` rotated, ``y = x A^T``, the vectors
+    the codes are of.
+
+    The rotated sample is faiss's product, on the one OpenMP thread training runs on, not numpy's: numpy's BLAS
+    splits a product by its own thread count, and the last bits followed it (a 2-core Zen 5: 2 threads against 1
+    gave other bits, so a Ray worker on one CPU trained other codebooks than a local build)."""
     opq = faiss.OPQMatrix(quantization.dim, quantization.m)
     opq.niter = quantization.training.rotation_iterations
     opq.max_train_points = len(x)  # the whole sample (faiss would otherwise subsample above 65,536)
@@ -109,4 +113,5 @@ def _train_rotation(faiss: Any, x: np.ndarray, quantization: Trainable) -> np.nd
     inner = _product_quantizer(faiss, quantization, quantization.training.iterations)
     opq.pq = inner
     opq.train(x)
-    return faiss.vector_to_array(opq.A).reshape(quantization.dim, quantization.dim).astype(np.float32)
+    rotation = faiss.vector_to_array(opq.A).reshape(quantization.dim, quantization.dim).astype(np.float32)
+    return rotation, np.ascontiguousarray(opq.apply(x), dtype=np.float32)

@@ -125,6 +125,39 @@ def test_training_is_deterministic_seeded_and_orthonormal():
     assert err[0] < 0.9 * err[1], err
 
 
+_TRAIN_IN_A_PROCESS = """
+import hashlib, sys
+import numpy as np
+from elmo_cache.rows.pq import ProductQuantization, Training
+from elmo_cache.rows.pq_training import train_codebooks
+rng = np.random.default_rng(7)  # no product here: the sample itself must not depend on the threads
+sample = (rng.standard_normal((3000, 2, 32)) * np.linspace(0.2, 3, 32)).astype(np.float32)
+q = ProductQuantization(32, 4, 2, Training(rotation_iterations=2), scheme="opq")
+sys.stdout.write(hashlib.sha256(train_codebooks(sample, q).parameters().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_training_gives_the_same_bytes_whatever_the_process_threads(variable):
+    """A Ray worker runs with one thread, a local build with the machine's: the codebooks and rotations must be
+    the same bytes. numpy's BLAS splits a product by its thread count and the last bits followed it on a 2-core
+    Zen 5 (the rotated sample, 2 threads against 1), so the rotated sample is faiss's own product on training's one
+    OpenMP thread. (On a CPU where numpy's products do not depend on the threads this passes either way.)"""
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for threads in ("1", "2"):
+        env = {**os.environ, variable: threads}
+        run = subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_A_PROCESS], env=env, capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        digests.add(run.stdout)
+    assert len(digests) == 1
+
+
 def test_pq_metadata_and_old_caches_are_unchanged():
     q = ProductQuantization(DIM, 8, 3)
     assert q.to_metadata() == {

@@ -72,6 +72,71 @@ def test_codes_are_the_nearest_centroids_per_slot_and_layout_is_kept():
     np.testing.assert_array_equal(back[1, 2, 2, 4:8], table[2, 1, codes[1, 2, 2, 1]])
 
 
+def random_rotated(m: int, slots: int, seed: int = 0) -> ProductQuantization:
+    """An opq quantisation with random centroids and random orthonormal rotations (no faiss training)."""
+    q = ProductQuantization(DIM, m, slots, scheme="opq")
+    rng = np.random.default_rng(seed)
+    rotations = np.stack([np.linalg.qr(rng.standard_normal((DIM, DIM)))[0] for _ in range(slots)])
+    return q.with_rotation(rng.standard_normal(q.codebook_shape).astype(np.float32), rotations.astype(np.float32))
+
+
+def _rows_seen(monkeypatch, *names: str) -> list[int]:
+    """The row counts torch's products ``names`` (mm, bmm, baddbmm) are called with from now on."""
+    seen: list[int] = []
+
+    def spy(name):
+        product = getattr(torch, name)
+
+        def spied(*args, **kwargs):
+            left = args[1] if name == "baddbmm" else args[0]
+            seen.append(int(left.shape[-2]))
+            return product(*args, **kwargs)
+
+        return spied
+
+    for name in names:
+        monkeypatch.setattr(torch, name, spy(name))
+    return seen
+
+
+def test_an_opq_row_decodes_to_the_same_bits_whatever_rows_are_read_with_it(monkeypatch):
+    """A sentence read alone (``cache[i]``) and in a collated batch must be the same floats. The rotation back is a
+    matrix product over all the rows read at once, and a BLAS may pick its kernel by the row count and give a
+    row's last bits by its place: the product's rows are rounded up like the encoder's."""
+    from elmo_cache.model.bilm import ROW_MULTIPLE
+
+    q = random_rotated(4, 3)
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 256, (999, 3, 4), dtype=np.uint8)
+    seen = _rows_seen(monkeypatch, "mm")
+    whole = q.dequantize(codes)
+    for n in (1, 2, 3, 5, 17, 100, 998):
+        np.testing.assert_array_equal(q.dequantize(codes[:n]), whole[:n])
+    order = rng.permutation(len(codes))
+    np.testing.assert_array_equal(q.dequantize(codes[order]), whole[order])
+    assert seen and all(rows % ROW_MULTIPLE == 0 for rows in seen), seen
+    # The values: each slot's centroids rotated back by that slot's rotation.
+    table = q.codebooks.reshape(3, 4 * 256, DIM // 4)
+    y = np.stack([table[s][codes[:, s] + np.arange(4) * 256].reshape(-1, DIM) for s in range(3)], axis=1)
+    np.testing.assert_allclose(whole, np.einsum("nsd,sde->nse", y, q.rotation), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", ["pq", "opq"])
+def test_code_assignment_rounds_every_product_s_rows(monkeypatch, scheme):
+    """A vector's codes must not follow the size of its batch (an update copies stored codes where a fresh build
+    encodes the sentence in another batch): every product of the assignment gets a multiple of ROW_MULTIPLE
+    rows, and sub-batches of any size give the whole batch's codes."""
+    from elmo_cache.model.bilm import ROW_MULTIPLE
+
+    q = random_rotated(4, 3) if scheme == "opq" else random_codebooks(4, 3)
+    x = torch.from_numpy(np.random.default_rng(4).standard_normal((203, 3, DIM)).astype(np.float32))
+    seen = _rows_seen(monkeypatch, "baddbmm", "bmm")
+    whole = q.quantize_rows(x)
+    for n in (1, 3, 5, 77):
+        assert torch.equal(q.quantize_rows(x[:n]), whole[:n])
+    assert seen and all(rows % ROW_MULTIPLE == 0 for rows in seen), seen
+
+
 def test_bad_pq_values_and_widths_are_named():
     assert codec_for_option("pq:8").name == "pq:8"
     for bad in ("pq:0", "pq:x", "pq:", "pq:-4", "pq8"):
