@@ -475,9 +475,9 @@ class PQSentence(UndecodedSentence):
 def _rotate_back(rotated: np.ndarray, rotation: np.ndarray) -> np.ndarray:
     """``x = y @ A`` per slot: ``rotated`` ``(n, slots, dim)``, ``rotation`` ``(slots, dim, dim)``, float32.
 
-    One batched torch product over the slots, its rows rounded up to the encoder's multiple (the rows past ``n``
-    zeros, thrown away): a row's bits then do not follow the rows read with it, nor the process's threads, as the
-    encoder's own products (:mod:`elmo_cache.model.bilm`). numpy's BLAS gave a row other bits by the size of the
+    One torch product per slot, its rows rounded up to the encoder's multiple (the rows past ``n`` zeros, thrown
+    away): a row's bits then do not follow the rows read with it, nor the process's threads, as the encoder's own
+    products (:mod:`elmo_cache.model.bilm`). numpy's BLAS gave a row other bits by the size of the
     product and the row's place in it (a 2-core Zen 5: over half of 2,000 rows changed when the rows were
     permuted), so a sentence read alone and the same sentence in a collated batch differed."""
     import torch
