@@ -143,7 +143,7 @@ class BiLM:
 
     def _token_embeddings(self, char_ids: torch.Tensor, word_ids: torch.Tensor | None) -> torch.Tensor:
         n = char_ids.shape[0]
-        extra = _round_up(n, self.word_multiple) - n
+        extra = round_up(n, self.word_multiple) - n
         if extra:  # copies of the first word, computed and thrown away (module docstring)
             char_ids = torch.cat([char_ids, char_ids[:1].expand(extra, *char_ids.shape[1:])])
             if word_ids is not None:
@@ -237,7 +237,7 @@ class BiLM:
         chunk_end_step = 0
         chunk_row0 = 0
         h_prev, c_prev = h.to(cd), c
-        first_extra = _round_up(h.shape[1], multiple) - h.shape[1]
+        first_extra = round_up(h.shape[1], multiple) - h.shape[1]
         if first_extra:  # the first step's rounded rows: zero states
             h_prev = torch.cat([h_prev, h_prev.new_zeros(2, first_extra, h.shape[2])], dim=1)
             c_prev = torch.cat([c, c.new_zeros(2, first_extra, c.shape[2])], dim=1)
@@ -250,10 +250,10 @@ class BiLM:
                     end += 1
                 chunk_end_step = end
                 # Its last step reads up to multiple - 1 rows past the chunk's own.
-                rows = _round_up(packed.starts[end] - chunk_row0 + multiple - 1, multiple)
+                rows = round_up(packed.starts[end] - chunk_row0 + multiple - 1, multiple)
                 gates_x = matmuls.input_gates(x_cd[:, chunk_row0 : chunk_row0 + rows])
             n = packed.sizes[t]
-            rounded = _round_up(n, multiple)
+            rounded = round_up(n, multiple)
             r0 = packed.starts[t] - chunk_row0
             gates_h = matmuls.recurrent(h_prev[:, :rounded])
             hidden, cell = cell_step(matmuls.cell, gates_x, r0, gates_h, c_prev, cell_clip)
@@ -292,7 +292,9 @@ class BiLM:
         return packed
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int = ROW_MULTIPLE) -> int:
+    """``n`` rounded up to a multiple of ``multiple``: the rows a product gets (module docstring). Products outside
+    the encoder that must give a row the same bits in any batch (the pq codecs') round theirs with it too."""
     return -(-n // multiple) * multiple
 
 

@@ -23,8 +23,8 @@ faiss, so that a build needs faiss only to train.
 
 from __future__ import annotations
 
+import functools
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -293,6 +293,14 @@ class ProductQuantization(QuantizedCodec):
             raise CacheCorruptError("opq: the rotations are not loaded (a cache without its codebooks array?)")
         return self.rotation
 
+    @functools.cached_property
+    def _rotation_tensor(self) -> torch.Tensor:
+        """The rotations as a CPU tensor for decoding: a copy, made once (ours are read-only, and a tensor over a
+        read-only array draws torch's warning)."""
+        import torch
+
+        return torch.tensor(self._rotation())
+
     # -- writing ----------------------------------------------------------------------------------
 
     def nonfinite(self, x: torch.Tensor, stored: np.ndarray) -> np.ndarray | None:
@@ -328,15 +336,15 @@ class ProductQuantization(QuantizedCodec):
         it in another batch."""
         import torch
 
-        from elmo_cache.model.bilm import ROW_MULTIPLE
+        from elmo_cache.model.bilm import ROW_MULTIPLE, round_up
 
         table = torch.tensor(self._table(), device=x.device)  # (slots, m, 256, dsub); a copy: ours is read-only
         books = table.reshape(self.slots * self.m, CENTROIDS, self.dsub)
         norms = (books * books).sum(-1)[:, None, :]  # (slots * m, 1, 256)
         rows = x.float().reshape(-1, self.slots, self.dim)
         n = rows.shape[0]
-        if n % ROW_MULTIPLE:
-            rows = torch.cat([rows, rows.new_zeros(ROW_MULTIPLE - n % ROW_MULTIPLE, self.slots, self.dim)])
+        if round_up(n) > n:
+            rows = torch.cat([rows, rows.new_zeros(round_up(n) - n, self.slots, self.dim)])
         if self.rotated:  # y = x @ A.T, one product per slot: (slots, n, dim) @ (slots, dim, dim)
             rotation = torch.tensor(self._rotation(), device=x.device)
             rows = torch.bmm(rows.transpose(0, 1), rotation.transpose(1, 2)).transpose(0, 1)
@@ -402,7 +410,7 @@ class ProductQuantization(QuantizedCodec):
         base = (np.arange(self.slots)[:, None] * self.m + np.arange(self.m)[None, :]) * CENTROIDS
         out = np.take(table.reshape(-1, self.dsub), codes + base, axis=0).reshape(-1, self.slots, self.dim)
         if self.rotated:
-            out = _rotate_back(out, self._rotation())
+            out = _rotate_back(out, self._rotation_tensor)
         return out.reshape(*rows.shape[:-1], self.dim)
 
     def raw(self, rows: np.ndarray) -> PQSentence:
@@ -472,7 +480,7 @@ class PQSentence(UndecodedSentence):
         return self.quantization.dequantize(self.codes)
 
 
-def _rotate_back(rotated: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+def _rotate_back(rotated: np.ndarray, rotation: torch.Tensor) -> np.ndarray:
     """``x = y @ A`` per slot: ``rotated`` ``(n, slots, dim)``, ``rotation`` ``(slots, dim, dim)``, float32.
 
     One torch product per slot, its rows rounded up to the encoder's multiple (the rows past ``n`` zeros, thrown
@@ -482,17 +490,14 @@ def _rotate_back(rotated: np.ndarray, rotation: np.ndarray) -> np.ndarray:
     permuted), so a sentence read alone and the same sentence in a collated batch differed."""
     import torch
 
-    from elmo_cache.model.bilm import ROW_MULTIPLE
+    from elmo_cache.model.bilm import round_up
 
     n, slots, dim = rotated.shape
-    padded = torch.zeros(-(-n // ROW_MULTIPLE) * ROW_MULTIPLE, slots, dim)
+    padded = torch.zeros(round_up(n), slots, dim)
     padded[:n] = torch.from_numpy(rotated)
-    with warnings.catch_warnings():  # read-only codebooks: the product only reads them
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        matrices = torch.from_numpy(rotation)
     out = torch.empty_like(padded)
     for slot in range(slots):  # strided views, read and written in place (a batched product ran 1.3x longer)
-        torch.mm(padded[:, slot], matrices[slot], out=out[:, slot])
+        torch.mm(padded[:, slot], rotation[slot], out=out[:, slot])
     return out[:n].numpy()
 
 
