@@ -117,3 +117,35 @@ def assert_same_cache(output: Path, reference: Path) -> dict[str, np.ndarray]:
         assert arrays_out[name].dtype == want.dtype, name
         np.testing.assert_array_equal(arrays_out[name], want, err_msg=name)
     return arrays_out
+
+
+def placed_offsets(token_lists: list[list[str]], meta: dict, cuts: tuple[int, ...] = ()) -> np.ndarray:
+    """The offsets FORMAT.md gives the sentences of a cache built without dedupe: one after the other in input
+    order, but in a version-5 zarr cache each window's first stored row at the next multiple of ``shard_rows``
+    (windows cut as the metadata's ``windows`` records, by the build's own cutter, and before each line of
+    ``cuts``: where a build stopped on a bad line committed the window it had, and its resume began one)."""
+    from elmo_cache.builder.encoding import WindowCutter
+    from elmo_cache.text.tokenize import sentence_hash
+
+    align = int(meta["shard_rows"]) if meta.get("format_version") == 5 else 1
+    cutter, windows = WindowCutter(0, int(meta["windows"]["window_tokens"])), []
+    for i, tokens in enumerate(token_lists):
+        if i in cuts:
+            window = cutter.flush()
+            if window is not None:
+                windows.append(window.lengths)
+        window = cutter.add(tokens, sentence_hash(tokens))
+        if window is not None:
+            windows.append(window.lengths)
+    last = cutter.flush()
+    if last is not None:
+        windows.append(last.lengths)
+    offsets, row = [], 0
+    for lengths in windows:
+        aligned = False
+        for n in lengths.tolist():
+            if n and not aligned:  # the window's first row (an empty line before it keeps the row before)
+                row, aligned = -(-row // align) * align, True
+            offsets.append(row)
+            row += n
+    return np.array(offsets, dtype=np.int64)

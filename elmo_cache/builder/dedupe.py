@@ -166,12 +166,15 @@ def assign_rows(
     rows_before: int,
     seen: SeenSentences | None,
     checks: np.ndarray | None = None,
+    align: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of one window's sentences: ``(offsets, new)``, where ``new`` marks the sentences to encode.
 
-    New sentences get consecutive rows from ``rows_before`` in input order; with ``seen`` (dedupe,
-    which needs each sentence's ``checks`` hash), repeats get the offset of their first occurrence
-    and ``seen`` learns this window's firsts.
+    New sentences get consecutive rows from ``rows_before`` in input order, the first one with rows from
+    ``rows_before`` rounded up to a multiple of ``align`` (a window's rows start a vectors file of their own:
+    :attr:`Layout.window_rows <elmo_cache.store.staging.Layout.window_rows>`); with ``seen`` (dedupe, which needs
+    each sentence's ``checks`` hash), repeats get the offset of their first occurrence and ``seen`` learns this
+    window's firsts.
     """
     n = len(lengths)
     offsets = np.empty(n, dtype=np.int64)
@@ -196,6 +199,8 @@ def assign_rows(
                 continue
             if j is None and not found[i]:  # on a 64-bit collision the first sentence keeps the hash
                 local[h] = i
+        if length and row == rows_before:
+            row = -(-row // align) * align
         offsets[i] = row
         row += length
     if seen is not None:

@@ -47,6 +47,7 @@ __all__ = [
     "WindowCutter",
     "WindowEncoder",
     "assign_window",
+    "first_stored_row",
     "default_batch_tokens",
     "WINDOW_MAX_SENTENCES",
     "WINDOW_RULE",
@@ -87,11 +88,16 @@ class Window:
     lengths: np.ndarray  # int32
 
 
-WINDOW_RULE: dict[str, int | str] = {"cut": "content-defined", "version": 2}
+WINDOW_RULE: dict[str, int | str] = {"cut": "content-defined", "version": 3}
 """The rule :class:`WindowCutter` cuts by, as the metadata's ``windows`` records it (docs/FORMAT.md): an update
 reuses a cache's rows only when its windows were cut by this rule with the same sizes. Version 2: the rows of an
 encoder that rounds its products' row counts (:mod:`elmo_cache.model.bilm`), whose last bits differ from version
-1's, so a version-1 cache's rows are not what this elmo-cache's fresh build writes."""
+1's, so a version-1 cache's rows are not what this elmo-cache's fresh build writes. Version 3: the same rows, each
+window's starting a zarr vectors file of its own (``Layout.window_rows``), so an update may take a window's files
+whole wherever it moved; a version-2 cache's rows are still copied (not its files)."""
+
+READABLE_WINDOW_VERSIONS = (2, 3)
+"""Versions of ``windows`` whose rows an update copies (the same bits as this encoder's)."""
 
 
 class WindowCutter:
@@ -170,11 +176,21 @@ def window_bounds(hashes: np.ndarray, lengths: np.ndarray, window_tokens: int) -
     return bounds
 
 
-def assign_window(window: Window, rows_before: int, seen: SeenSentences | None) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets, new)`` of the window's sentences from row ``rows_before`` on; with ``seen`` (dedupe),
-    repeats point at their first occurrence's rows and ``new`` is false for them."""
+def assign_window(
+    window: Window, rows_before: int, seen: SeenSentences | None, align: int = 1
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(offsets, new, first_row)`` of the window's sentences from row ``rows_before`` on, its stored rows from
+    ``first_row`` (``rows_before`` rounded up to a multiple of ``align`` when the window stores any row); with
+    ``seen`` (dedupe), repeats point at their first occurrence's rows and ``new`` is false for them."""
     checks = check_hashes(window.tokens) if seen is not None else None
-    return assign_rows(window.hashes, window.lengths, rows_before, seen, checks)
+    offsets, new = assign_rows(window.hashes, window.lengths, rows_before, seen, checks, align)
+    return offsets, new, first_stored_row(offsets, new, window.lengths, rows_before)
+
+
+def first_stored_row(offsets: np.ndarray, new: np.ndarray, lengths: np.ndarray, rows_before: int) -> int:
+    """The row a window's stored rows start at: its first new sentence's with tokens, else ``rows_before``."""
+    stored = np.flatnonzero(np.asarray(new, dtype=bool) & (np.asarray(lengths) > 0))
+    return int(offsets[stored[0]]) if len(stored) else rows_before
 
 
 @dataclass

@@ -132,8 +132,11 @@ def _columns(directory: Path) -> dict[str, RawColumn]:
     return {name: RawColumn(directory / f"{name}.bin", dtype, shape) for name, (dtype, shape) in _COLUMNS.items()}
 
 
-def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool, info: dict[str, Any]) -> FirstPass:
-    """Read ``source`` once and write its plan into ``directory`` (``info`` is recorded in ``plan.json``)."""
+def first_pass(
+    source: Corpus, directory: Path, window_tokens: int, dedupe: bool, info: dict[str, Any], align: int = 1
+) -> FirstPass:
+    """Read ``source`` once and write its plan into ``directory`` (``info`` is recorded in ``plan.json``); each
+    window's rows start at a multiple of ``align`` (``Layout.window_rows``), as the local engine places them."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / PLAN_FILE).unlink(missing_ok=True)
     columns = _columns(directory)
@@ -143,7 +146,7 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
 
     def put(window: Window) -> None:
         nonlocal rows, tokens, text_bytes, lines, n_windows
-        offsets, new = assign_window(window, rows, seen)
+        offsets, new, first_row = assign_window(window, rows, seen, align)
         window_rows = int(window.lengths[new].sum(dtype=np.int64))
         text, sizes = encode_tokens(window.tokens)
         parts = {
@@ -153,11 +156,11 @@ def first_pass(source: Corpus, directory: Path, window_tokens: int, dedupe: bool
             "new": new,
             "text_ends": text_bytes + np.cumsum(sizes),
             "text": text,
-            "windows": np.array([[window.first_line, len(window.tokens), rows, window_rows]]),
+            "windows": np.array([[window.first_line, len(window.tokens), first_row, window_rows]]),
         }
         for name, data in parts.items():
             columns[name].append(data)
-        rows += window_rows
+        rows = first_row + window_rows
         tokens += int(window.lengths.sum(dtype=np.int64))
         text_bytes += len(text)
         lines += len(window.tokens)

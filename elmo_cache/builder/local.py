@@ -74,6 +74,11 @@ class _Encoded:
     tokens: list[list[str]]
     # The window's pooled vectors (--pool), else None.
     pooled: np.ndarray | None = None
+    # The row its vectors start at (the rows before it up to a vectors file's start, zarr: Layout.window_rows).
+    first_row: int = 0
+    # An update's window whose vectors files the writer takes whole from the cache it updates: the row its rows
+    # start at there (``vectors`` then holds zeros that are not written); else None.
+    linked_from: int | None = None
 
 
 class _End:
@@ -213,7 +218,17 @@ class _WriterThread(threading.Thread):
                 if isinstance(item, _End):
                     self._commit(item.done)
                     return
-                self.writer.append(item.vectors, item.offsets, item.lengths, item.hashes, item.tokens, item.pooled)
+                if item.linked_from is not None:
+                    self.writer.link_window(item.linked_from, item.first_row, len(item.vectors))  # type: ignore[attr-defined]
+                self.writer.append(
+                    item.vectors,
+                    item.offsets,
+                    item.lengths,
+                    item.hashes,
+                    item.tokens,
+                    item.pooled,
+                    first_row=item.first_row,
+                )
                 if self.buffers is not None:  # written: the writers keep no reference to the rows they append
                     self.buffers.release(item.vectors)
                 self._encoded_since += item.encoded_tokens
@@ -240,10 +255,11 @@ def _encode_window(
     bar: Any,
     stored: StoredWindows | None = None,
     counts: WindowCounts | None = None,
+    align: int = 1,
 ) -> _Encoded:
     """The rows of ``window``: an update's ``stored`` ones when the cache it updates holds this window as a
-    fresh build encodes it, else encoded."""
-    offsets, new = assign_window(window, rows_before, seen)
+    fresh build encodes it, else encoded. Its stored rows start at ``rows_before`` rounded up to ``align``."""
+    offsets, new, first = assign_window(window, rows_before, seen, align)
     counts = counts if counts is not None else WindowCounts()
     reused = stored.rows(window, new) if stored is not None else None
     if reused is not None:
@@ -251,8 +267,10 @@ def _encode_window(
         counts.lines_reused += len(window.tokens)
         if bar is not None:
             bar.update(len(window.tokens))
-        vectors, pooled = reused
-        return _Encoded(vectors, offsets, window.lengths, window.hashes, 0, window.tokens, pooled)
+        vectors, pooled, linked_from = reused
+        if linked_from is not None and stored is not None:
+            counts.files_linked += -(-len(vectors) // max(1, stored.link_rows))
+        return _Encoded(vectors, offsets, window.lengths, window.hashes, 0, window.tokens, pooled, first, linked_from)
     progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
     sources = stored.sources(window, new) if stored is not None else None
     if stored is not None and sources is not None and (sources >= 0).any():
@@ -262,14 +280,14 @@ def _encode_window(
         counts.windows_reused += not to_encode
         counts.lines_encoded += to_encode
         counts.lines_reused += len(window.tokens) - to_encode
-        vectors, pooled, encoded = copy_and_encode(encode, window, offsets, new, rows_before, stored, sources, progress)
-        return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled)
+        vectors, pooled, encoded = copy_and_encode(encode, window, offsets, new, first, stored, sources, progress)
+        return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled, first)
     counts.windows_encoded += 1
     counts.lines_encoded += len(window.tokens)
     vectors, pooled, encoded = encode.encode(
-        window.tokens, window.lengths, offsets, new, rows_before, progress, first_line=window.first_line
+        window.tokens, window.lengths, offsets, new, first, progress, first_line=window.first_line
     )
-    return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled)
+    return _Encoded(vectors, offsets, window.lengths, window.hashes, encoded, window.tokens, pooled, first)
 
 
 def _now() -> str:
@@ -397,9 +415,13 @@ class LocalRun:
                 link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
                 layout = self.writer.layout
                 same_files = all(self.updating.get(key) == getattr(layout, key) for key in ("chunk_rows", "shard_rows"))
-                if link is not None and stored.usable and same_files:  # a re-chunked cache's files are all new
+                # A re-chunked cache's files are all new, and so are those of a cache whose windows did not start
+                # files of their own (windows version 2): its rows sit elsewhere in its files than in this build's.
+                if link is not None and stored.usable and same_files and stored.files_per_window:
                     self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
                     stored.kept_rows = self.counts.files_linked * self.writer.file_rows  # type: ignore[attr-defined]
+                    # A reused window's files taken whole wherever it moved (a cache whose windows start files).
+                    stored.link_rows = self.writer.file_rows  # type: ignore[attr-defined]
             _run(
                 job.source,
                 job.plan,
@@ -501,7 +523,16 @@ def _run(
     done = False
     try:
         done, failure = _encode_windows(
-            windows, encode, seen, progress.rows, bar, writer_thread, batch_tokens, stored, counts
+            windows,
+            encode,
+            seen,
+            progress.rows,
+            bar,
+            writer_thread,
+            batch_tokens,
+            stored,
+            counts,
+            writer.layout.window_rows,
         )
     finally:
         stop.set()
@@ -546,6 +577,7 @@ def _encode_windows(
     batch_tokens: int,
     stored: StoredWindows | None = None,
     counts: WindowCounts | None = None,
+    align: int = 1,
 ) -> tuple[bool, BaseException | None]:
     """Encode the reader's windows and hand them to the writer until the corpus ends (``(True, None)``),
     the reader fails (``(False, its error)``) or the writer dies (``(False, None)``, its error on it)."""
@@ -557,14 +589,14 @@ def _encode_windows(
             if isinstance(item, BaseException):
                 return False, item
             try:
-                encoded = _encode_window(encode, seen, item, rows, bar, stored, counts)
+                encoded = _encode_window(encode, seen, item, rows, bar, stored, counts, align)
             except torch.cuda.OutOfMemoryError:
                 raise ElmoCacheError(
                     f"the device ran out of memory encoding lines {item.first_line + 1}-"
                     f"{item.first_line + len(item.tokens)}; "
                     f"rerun with a smaller --batch-tokens (now {batch_tokens}) to resume"
                 ) from None
-            rows += len(encoded.vectors)
+            rows = encoded.first_row + len(encoded.vectors)
             if not _hand_over(writer_thread, encoded):
                 return False, None
 

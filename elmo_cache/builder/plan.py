@@ -34,6 +34,7 @@ from elmo_cache.store.format import (
     SENTENCE_HASH,
     TOKEN_LIST_FORMAT_VERSION,
     TOKENIZATION,
+    WINDOW_FILES_FORMAT_VERSION,
 )
 from elmo_cache.store.registry import container_names, get_container
 from elmo_cache.text.corpus import Corpus
@@ -432,6 +433,8 @@ def format_version(identity: dict[str, Any]) -> int:
     """The format version a cache of ``identity`` is written as: the lowest whose readers read it right."""
     if (identity.get("pool") or {}).get("only"):
         return POOL_ONLY_FORMAT_VERSION
+    if identity.get("shard_rows") is not None:  # zarr: every window's rows start a vectors file (Layout.window_rows)
+        return WINDOW_FILES_FORMAT_VERSION
     return FORMAT_VERSION if identity["tokenization"] == TOKENIZATION else TOKEN_LIST_FORMAT_VERSION
 
 

@@ -9,6 +9,8 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CHUNK_ROWS",
     "DEFAULT_SHARD_BYTES",
+    "MAX_CHUNK_ROWS",
+    "MAX_SHARD_ROWS",
     "MIN_CHUNK_ROWS",
     "SMALL_CORPUS_CHUNKS",
     "default_chunk_rows",
@@ -21,6 +23,13 @@ DEFAULT_CHUNK_BYTES = 3 * 2**20
 
 DEFAULT_CHUNK_ROWS = 512
 """What :func:`default_chunk_rows` gives Original-size layered float16 rows (6 KiB each)."""
+
+
+MAX_CHUNK_ROWS = 1024
+"""Most rows a default chunk holds, however small its rows: each window's rows start a vectors file of their own
+(``Layout.window_rows``), so a window's last chunk is padded, half a chunk on average; at 1,024 rows that is under
+1% of a window of the CPU's default ~60,000 rows (8,192 tokens x 8 batches), where the byte rule alone gave
+small rows (pq codes: 192 bytes) chunks of 16,384 rows, 13%."""
 
 
 MIN_CHUNK_ROWS = 16
@@ -51,10 +60,11 @@ def default_chunk_rows(row_bytes: int, corpus_rows: int | None = None) -> int:
     2048 and 4.74 ms at 4096 (24 MiB). Below ~3 MiB zarr's fixed per-read cost dominates, so
     smaller chunks only multiply files (a 2.5G-token corpus at 256 rows is ~10M files). The
     memory-mapped reader is 0.01-0.1 ms whatever the size. Latency follows bytes, not rows, so
-    the rule is in bytes: 512 rows for Original fp16 layers, 256 for fp32, 1024 for a fp16 mix.
+    the rule is in bytes: 512 rows for Original fp16 layers, 256 for fp32, 1024 for a fp16 mix, and never more
+    than :data:`MAX_CHUNK_ROWS` (a window's padding).
     """
     rows = MIN_CHUNK_ROWS
-    while rows * 2 * row_bytes <= DEFAULT_CHUNK_BYTES and rows < 65536:
+    while rows * 2 * row_bytes <= DEFAULT_CHUNK_BYTES and rows < MAX_CHUNK_ROWS:
         rows *= 2
     if corpus_rows is not None:
         chunks = max(1, -(-corpus_rows // rows))
@@ -65,6 +75,12 @@ def default_chunk_rows(row_bytes: int, corpus_rows: int | None = None) -> int:
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 """Largest zarr ``vectors`` file (shard) the default allows (see :func:`default_shard_rows`)."""
+
+
+MAX_SHARD_ROWS = 16 * MAX_CHUNK_ROWS
+"""Most rows a default vectors file holds, however small its rows (16,384: the Original's float16 layers fill
+64 MiB at 10,752): the rows between a window's end and the next file belong to no sentence, about half a file per
+window of the CPU's default ~60,000 rows."""
 
 
 def default_shard_rows(chunk_rows: int, row_bytes: int, corpus_rows: int | None = None) -> int:
@@ -83,8 +99,12 @@ def default_shard_rows(chunk_rows: int, row_bytes: int, corpus_rows: int | None 
     beyond the rows that changed. At 256 MiB that was 8.8% of a 1M-token cache of the bundled model's float32
     layers (3 GB), and a 1% append wrote 5.005% of a full build's bytes (issue 32's bound is 5%); at 64 MiB it is
     at most 2.2% (``benchmarks/bench_update.py``: benchmarks/RESULTS.md, "Updating a cache in place").
+
+    And never more than :data:`MAX_SHARD_ROWS` rows: each window's rows start a file of their own, so the rows
+    from a window's end to the next file's start belong to no sentence (no bytes on disk, but ``n_rows`` counts
+    them, and so does a whole-array read through zarr).
     """
-    chunks = max(1, DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes))
+    chunks = max(1, min(DEFAULT_SHARD_BYTES // (chunk_rows * row_bytes), MAX_SHARD_ROWS // chunk_rows))
     if corpus_rows is not None:
         chunks = min(chunks, max(1, -(-corpus_rows // chunk_rows)))
     return chunks * chunk_rows

@@ -18,12 +18,14 @@ windows as the cache's build wherever the corpus did not change. For each window
 * else (a device whose rows depend on their batch) the window is encoded whole, as a fresh build encodes it.
 
 So the encoding cost follows the change: on a batch-free device, the new and edited lines alone; elsewhere, the
-windows holding them (an append re-encodes the old last window too, which the corpus's end cut). The bytes
-written follow it only in part: a zarr cache's vectors files that lie wholly before the first changed line (on a
-batch-free device; elsewhere the first changed window) are the old cache's own files, hard-linked
-(:meth:`ZarrWriter.link_unchanged <elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`), so appending writes
-the last file and the per-line arrays; every row after an edit in the middle moves and is written again, and an
-HDF5 cache (one file) is written whole.
+windows holding them (an append re-encodes the old last window too, which the corpus's end cut). In a zarr cache
+the bytes written follow it too: each window's rows start a vectors file of their own (``Layout.window_rows``,
+format version 5), so the files of a window reused whole are the old cache's own, hard-linked under their new
+numbers wherever the window moved (:meth:`ZarrWriter.link_window
+<elmo_cache.store.zarr.writer.ZarrWriter.link_window>`), and so are the files wholly before the first changed line
+(on a batch-free device; elsewhere the first changed window: :meth:`ZarrWriter.link_unchanged
+<elmo_cache.store.zarr.writer.ZarrWriter.link_unchanged>`): an update writes the files of the windows cut anew and
+the per-line arrays. An HDF5 cache (one file) is written whole.
 The lines before the first one the corpus check found changed are not split again either: their tokens and keys
 come from the cache (:meth:`StoredWindows.sentences`), so a small append tokenises its corpus once, in the check.
 A cache written before the windows were recorded (metadata ``windows``), by an encoder that did not round its
@@ -41,7 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from elmo_cache.builder.encoding import WINDOW_RULE, Window, WindowEncoder, window_bounds, windows_entry
+from elmo_cache.builder.encoding import (
+    READABLE_WINDOW_VERSIONS,
+    WINDOW_RULE,
+    Window,
+    WindowEncoder,
+    window_bounds,
+    windows_entry,
+)
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.store import open_cache_arrays
 from elmo_cache.store.blocksums import guards
@@ -80,17 +89,18 @@ def update_batch_tokens(output: Path, meta: dict[str, Any], batch_tokens: int | 
             f"{WINDOW_RULE['cut']} windows, version {WINDOW_RULE['version']}): an update could not reproduce a "
             "fresh build's bytes from its rows. Rebuild it once with --overwrite; later updates reuse its rows"
         )
-    if recorded.get("version") != WINDOW_RULE["version"]:
+    if recorded.get("version") not in READABLE_WINDOW_VERSIONS:
         raise CacheExistsError(
-            f"{output} was built by an earlier elmo-cache (windows version {recorded.get('version')}, this one "
-            f"writes version {WINDOW_RULE['version']}: its encoder rounds its products so that a sentence's rows "
-            "do not depend on its batch), whose vectors differ from this one's in their last bits: an update could "
+            f"{output} was built by an earlier elmo-cache (windows version {recorded.get('version')}; this one "
+            f"updates versions {' and '.join(map(str, READABLE_WINDOW_VERSIONS))}: their encoder rounds its products "
+            "so that a sentence's rows do not depend on its batch), whose vectors differ from this one's in their "
+            "last bits: an update could "
             "not reproduce a fresh build's bytes from its rows. Rebuild it once with --overwrite; later updates "
             "reuse its rows"
         )
     there = int(recorded["batch_tokens"]), int(recorded["window_tokens"])
     batch = int(batch_tokens) if batch_tokens is not None else there[0]
-    if windows_entry(batch, window_batches) != recorded:
+    if {**windows_entry(batch, window_batches), "version": recorded.get("version")} != recorded:
         raise InvalidParameterError(
             f"{output} was cut into windows of {there[1]} tokens and batches of {there[0]} "
             f"(--batch-tokens {there[0]} --window-batches {there[1] // max(1, there[0])}), this update into "
@@ -150,6 +160,12 @@ class StoredWindows:
         self.batch_free = False
         # Rows below this are in vectors files the writer keeps as they are (zarr's link_unchanged): not read.
         self.kept_rows = 0
+        # Whether each window's rows start a vectors file of their own in the cache (windows version 3): a reused
+        # window's files are then the new cache's, wherever the window moved.
+        self.files_per_window = int((meta.get("windows") or {}).get("version", 0)) >= 3
+        # Rows per vectors file where the writer takes a reused window's files whole (ZarrWriter.link_window), set
+        # by the run; 0: the rows are read and written.
+        self.link_rows = 0
         # The cache's lines by key, for sources: sorted keys, and the line of each (the first of equal keys).
         self._by_key = np.argsort(keys, kind="stable")
         self._sorted_keys = keys[self._by_key]
@@ -171,10 +187,11 @@ class StoredWindows:
         for i in range(min(stop, len(self.lengths))):
             yield decode_tokens(self.text[self.text_starts[i] : self.text_starts[i + 1]]), int(self.keys[i])
 
-    def rows(self, window: Window, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The stored rows of ``window``'s encoded (``new``) sentences in line order, and with ``--pool`` its
-        sentences' pooled vectors (zeros for repeats, as an encoder gives them), when the cache's build cut and
-        encoded the same window; else None (it must be encoded)."""
+    def rows(self, window: Window, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int | None] | None:
+        """The stored rows of ``window``'s encoded (``new``) sentences in line order, with ``--pool`` its
+        sentences' pooled vectors (zeros for repeats, as an encoder gives them), and the row its rows start at in
+        the cache when the writer is to take their files whole (the rows are then not read: zeros stand for them),
+        when the cache's build cut and encoded the same window; else None (it must be encoded)."""
         if not self.usable:
             return None
         for first, stop in self.windows.get(_digest(window.hashes, window.lengths), ()):
@@ -235,13 +252,16 @@ class StoredWindows:
         text, _ = encode_tokens(window.tokens)
         return text.tobytes() == self.text[self.text_starts[first] : self.text_starts[stop]]
 
-    def _copy(self, first: int, stop: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def _copy(self, first: int, stop: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int | None]:
         lengths = self.lengths[first:stop]
         rows = lengths[new]
         count = int(rows.sum(dtype=np.int64))
         with_rows = np.flatnonzero(new & (lengths > 0))
         start = int(self.offsets[first + with_rows[0]]) if len(with_rows) else 0
-        if not self.token_rows or start + count <= self.kept_rows:
+        link = None
+        if self.token_rows and count and self.link_rows and self.files_per_window and start >= self.kept_rows:
+            link = start  # the window's files, whole: start is a file's first row in such a cache
+        if not self.token_rows or start + count <= self.kept_rows or link is not None:
             # Rows the writer counts but does not write: a pool-only cache stores none, and the writer keeps the
             # old cache's files holding these as they are.
             vectors = np.broadcast_to(np.zeros((), dtype=self.vectors.dtype), (count, *self.row_shape))
@@ -261,7 +281,7 @@ class StoredWindows:
             stored = np.array(self.pooled[first:stop])
             pooled = np.zeros_like(stored)
             pooled[new] = stored[new]
-        return vectors, pooled
+        return vectors, pooled, link
 
 
 def copy_and_encode(

@@ -34,6 +34,7 @@ from elmo_cache.store.format import (
     OPTIONAL_ARRAYS,
     POOLED_ARRAY,
     TEXT_ENCODING,
+    WINDOW_FILES_FORMAT_VERSION,
     metadata_checksum,
     parse_metadata,
 )
@@ -195,8 +196,14 @@ class Cache:
         # Without dedupe the sentences' rows are consecutive: sentence i ends where sentence i+1 starts,
         # a check of one more offset per read that catches a damaged offset or length in a cache without
         # block sums (with them, the sums of 'offsets' and 'lengths' already do, at no cost per read).
-        # With dedupe a repeat points back at earlier rows: only the bounds hold.
-        self._consecutive = self.complete and meta.get("dedupe") is False and self._pair_guards is None
+        # With dedupe a repeat points back at earlier rows, and in a version-5 cache a window's rows start a vectors
+        # file past the rows before: only the bounds hold.
+        self._consecutive = (
+            self.complete
+            and meta.get("dedupe") is False
+            and self._pair_guards is None
+            and meta.get("format_version") != WINDOW_FILES_FORMAT_VERSION
+        )
 
     # -- properties ---------------------------------------------------------------------------
 

@@ -120,13 +120,16 @@ def write_sums_file(path: Path, sums: np.ndarray) -> None:
         raise
 
 
-def read_sums_file(path: Path, count: int) -> np.ndarray | None:
-    """The ``count`` sums stored at ``path``, or None when the file is absent or of another length."""
+def read_sums_file(path: Path, count: int | None) -> np.ndarray | None:
+    """The ``count`` sums stored at ``path`` (None: however many it holds), or None when the file is absent or of
+    another length."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    return np.frombuffer(data, dtype="<u4").astype(np.uint32) if len(data) == 4 * count else None
+    if len(data) % 4 or (count is not None and len(data) != 4 * count):
+        return None
+    return np.frombuffer(data, dtype="<u4").astype(np.uint32)
 
 
 class BlockGuard:

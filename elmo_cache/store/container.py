@@ -17,7 +17,7 @@ the store contract tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -122,8 +122,9 @@ class PartSink(Protocol):
     worker still running the same part, leaves the output consistent.
     """
 
-    def add(self, rows: np.ndarray) -> None:
-        """Append the part's next rows (of the layout's row shape)."""
+    def add(self, rows: np.ndarray, first_row: int | None = None) -> None:
+        """Append the part's next rows (of the layout's row shape), from ``first_row`` when given (a file's start
+        after a file whose rows end short)."""
         ...
 
     def finish(self) -> PartFiles:
@@ -162,11 +163,27 @@ class ParallelWriter(Protocol):
         metadata ``metadata`` (unfinished). On a resumed build, checks that the skeleton there matches."""
         ...
 
-    def part(self, staging: Path, layout: Layout, n_rows: int, first_row: int, end_row: int) -> PartSink:
-        """A sink for the rows ``[first_row, end_row)`` of one part."""
+    def part(
+        self,
+        staging: Path,
+        layout: Layout,
+        n_rows: int,
+        first_row: int,
+        end_row: int,
+        ends: Mapping[int, int] | None = None,
+    ) -> PartSink:
+        """A sink for the rows ``[first_row, end_row)`` of one part; ``ends``: the row-files whose rows end short
+        of the file, by the row they end at (each window's rows start a file: ``Layout.window_rows``)."""
         ...
 
-    def stitch(self, staging: Path, layout: Layout, n_rows: int, parts: list[PartFiles]) -> dict[int, tuple[int, int]]:
+    def stitch(
+        self,
+        staging: Path,
+        layout: Layout,
+        n_rows: int,
+        parts: list[PartFiles],
+        ends: Mapping[int, int] | None = None,
+    ) -> dict[int, tuple[int, int]]:
         """Write the row-files shared by several parts from their fragments; returns every row-file's
         ``(size, CRC-32)`` by number. Raises :class:`CacheFormatError` when the parts do not cover every row."""
         ...

@@ -23,6 +23,7 @@ __all__ = [
     "FORMAT_VERSIONS",
     "TOKEN_LIST_FORMAT_VERSION",
     "POOL_ONLY_FORMAT_VERSION",
+    "WINDOW_FILES_FORMAT_VERSION",
     "TOKENIZATIONS",
     "ARRAYS",
     "ARRAYS_V1",
@@ -83,7 +84,12 @@ POOL_ONLY_FORMAT_VERSION = 4
 """Version written for ``build --pool-only``: version 3 whose ``vectors`` hold no rows (metadata ``pool.only``),
 so that readers of versions 2 and 3 (which would read every sentence as empty) refuse it."""
 
-FORMAT_VERSIONS = (1, 2, 3, 4)
+WINDOW_FILES_FORMAT_VERSION = 5
+"""Version written for a zarr cache with token rows: version 3 whose every window's rows start a vectors file of
+their own (docs/FORMAT.md, "Windows"), so that a file before the last may end short (its missing chunks read as
+zeros) and rows between windows hold no sentence, which readers of versions 2-4 would take for damage."""
+
+FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 """Versions this elmo-cache reads (1: no stored tokens, no checksums; 3: tokens as given by the input)."""
 
 ARRAYS_V1 = ("vectors", "offsets", "lengths", "index/hashes", "index/rows")

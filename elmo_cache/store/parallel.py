@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -58,9 +58,20 @@ class FileStream(Protocol):
         ...
 
 
-def file_range(k: int, file_rows: int, n_rows: int) -> tuple[int, int]:
-    """Rows ``[start, stop)`` of row-file ``k``."""
-    return k * file_rows, min((k + 1) * file_rows, n_rows)
+def file_range(k: int, file_rows: int, n_rows: int, ends: Mapping[int, int] | None = None) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of row-file ``k``; ``ends``: the files whose rows end short, by the row they end at
+    (:func:`short_files`)."""
+    stop = ends.get(k) if ends else None
+    return k * file_rows, min((k + 1) * file_rows, n_rows) if stop is None else stop
+
+
+def short_files(windows: np.ndarray, file_rows: int) -> dict[int, int]:
+    """The row-files whose rows end short of the file, by the row they end at: each window's last but the array's
+    (windows as rows of ``(first_line, lines, first_row, rows)``, each window's rows starting a file of its own:
+    ``Layout.window_rows``)."""
+    stored = windows[windows[:, 3] > 0] if len(windows) else windows
+    ends = (stored[:-1, 2] + stored[:-1, 3]).tolist() if len(stored) else []
+    return {(end - 1) // file_rows: int(end) for end in ends if end % file_rows}
 
 
 def fragment_path(staging: Path, k: int, first_row: int) -> Path:
@@ -111,10 +122,12 @@ class RowSink:
         first_row: int,
         end_row: int,
         open_file: Callable[[int], FileStream],
+        ends: Mapping[int, int] | None = None,
     ):
         self.staging = staging
         self.n_rows = n_rows
         self.file_rows = file_rows
+        self.ends = dict(ends or {})
         self.open_file = open_file
         self.first, self.end = first_row, end_row
         self.pos = first_row
@@ -123,17 +136,25 @@ class RowSink:
         self.fragments: list[tuple[int, int, int]] = []  # (file, first row, end row)
 
     def _span(self, k: int) -> tuple[int, int]:
-        start, stop = file_range(k, self.file_rows, self.n_rows)
+        start, stop = file_range(k, self.file_rows, self.n_rows, self.ends)
         return max(start, self.first), min(stop, self.end)
 
-    def add(self, rows: np.ndarray) -> None:
-        """Append the part's next rows."""
+    def add(self, rows: np.ndarray, first_row: int | None = None) -> None:
+        """Append the part's next rows; ``first_row``: the row they start at, past the rows before when those end
+        a file short (a window's rows start a file of their own)."""
+        if first_row is not None and first_row != self.pos and len(rows):
+            if self.stream is not None or first_row % self.file_rows or first_row < self.pos:
+                raise ElmoCacheError(
+                    f"a part of {self.staging} was given rows from {first_row} after row {self.pos}: only a file's "
+                    "start may follow a file that ends short; the plan is damaged"
+                )
+            self.pos = first_row
         i = 0
         while i < len(rows):
             k = self.pos // self.file_rows
             lo, hi = self._span(k)
             if self.stream is None:
-                whole = (lo, hi) == file_range(k, self.file_rows, self.n_rows)
+                whole = (lo, hi) == file_range(k, self.file_rows, self.n_rows, self.ends)
                 self.stream = self.open_file(k) if whole else FragmentStream(fragment_path(self.staging, k, lo))
             take = min(hi - self.pos, len(rows) - i)
             self.stream.write(rows[i : i + take])
@@ -193,6 +214,7 @@ def stitch_files(
     file_rows: int,
     parts: list[PartFiles],
     open_file: Callable[[int], FileStream],
+    ends: Mapping[int, int] | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Write every row-file shared by parts from its fragments through ``open_file(k)``; every row-file's
     ``(size, CRC-32)`` by number (:meth:`ParallelWriter.stitch`)."""
@@ -203,7 +225,7 @@ def stitch_files(
         for k, lo, hi in part.fragments:
             fragments.setdefault(k, []).append((lo, hi))
     for k, pieces in sorted(fragments.items()):
-        start, stop = file_range(k, file_rows, n_rows)
+        start, stop = file_range(k, file_rows, n_rows, ends)
         pieces.sort()
         if pieces[0][0] != start or pieces[-1][1] != stop or any(a[1] != b[0] for a, b in itertools.pairwise(pieces)):
             raise CacheFormatError(

@@ -157,6 +157,16 @@ class Layout:
     def row_bytes(self) -> int:
         return int(np.prod(self.row_shape)) * np.dtype(self.dtype).itemsize
 
+    @property
+    def window_rows(self) -> int:
+        """Where a window's stored rows may start: at a multiple of this. zarr: a vectors file's rows, so that each
+        window's rows fill files of their own, which an update of a corpus edited before them keeps whatever
+        moved (docs/FORMAT.md, "Windows"), also in a --pool-only cache, whose offsets address the rows a build
+        with them would have; 1 for HDF5 (one file whatever the rows)."""
+        if self.shard_rows is not None:
+            return int(self.shard_rows)
+        return 1
+
 
 @dataclass
 class Progress:
@@ -388,12 +398,16 @@ class Writer:
         hashes: np.ndarray,
         tokens: Sequence[Sequence[str]],
         pooled: np.ndarray | None = None,
+        *,
+        first_row: int | None = None,
         **values: np.ndarray,
     ) -> None:
         """Append the rows, per-sentence entries and tokens of consecutive sentences (not yet durable);
-        ``pooled``: their pooled vectors, when the layout has them; ``values``: one array per sentence for each
-        other column the layout declares, by name. A layout without token rows counts ``vectors`` (the rows the
-        offsets address) but does not store them."""
+        ``pooled``: their pooled vectors, when the layout has them; ``first_row``: the row ``vectors`` starts at
+        (None: right after the rows before), a start of a vectors file where the rows before end short of one (a
+        window's rows: :attr:`Layout.window_rows`); ``values``: one array per sentence for each other column the
+        layout declares, by name. A layout without token rows counts ``vectors`` (the rows the offsets address)
+        but does not store them."""
         if len(tokens) != len(lengths) or any(len(t) != n for t, n in zip(tokens, lengths.tolist())):
             raise ValueError("append: tokens must hold one token list per sentence, of the sentence's length")
         if (pooled is None) != (self.pooled is None) or (pooled is not None and len(pooled) != len(lengths)):
@@ -409,14 +423,21 @@ class Writer:
         unknown = set(given) - set(self.specs)
         if unknown:
             raise ValueError(f"append: no column {sorted(unknown)} is declared by the layout")
+        rows_before = self.progress.rows + self._pending_rows
+        gap = 0 if first_row is None else int(first_row) - rows_before
+        if gap and (gap < 0 or len(vectors) == 0 or (rows_before + gap) % self.layout.window_rows):
+            raise ValueError(
+                f"append: rows may start only after the rows before ({rows_before}) or at the next multiple of "
+                f"{self.layout.window_rows} (a window's first row), not at {first_row}"
+            )
         if self.layout.token_rows:
-            self._append_vectors(vectors)
+            self._append_vectors(vectors, gap)
         for name, column in self.columns.items():
             column.append(given[name])
             if name in self._sizes:
                 self._sizes[name] += len(given[name])
         self._pending_lines += len(lengths)
-        self._pending_rows += len(vectors)
+        self._pending_rows += gap + len(vectors)
         self._pending_tokens += int(np.sum(lengths, dtype=np.int64))
 
     def commit(self, *, done: bool = False, seconds: float = 0.0, encoded_tokens: int = 0) -> None:
@@ -489,7 +510,7 @@ class Writer:
     def _open_vectors(self) -> None:
         raise NotImplementedError
 
-    def _append_vectors(self, vectors: np.ndarray) -> None:
+    def _append_vectors(self, vectors: np.ndarray, gap: int = 0) -> None:
         raise NotImplementedError
 
     def _sync_vectors(self) -> dict[str, Any]:

@@ -218,6 +218,39 @@ def _check_sums_digests(path: Path, meta: dict[str, Any], recorded: dict[str, An
             )
 
 
+def _window_rows(meta: dict[str, Any]) -> int:
+    """Where a window's rows may start (a multiple of it; ``Layout.window_rows``): a zarr cache's vectors file
+    rows (format version 5, and a --pool-only cache's offsets, which address the rows such a cache would have),
+    else 1 (HDF5, and zarr caches written before windows started files: their rows are consecutive)."""
+    if not meta.get("shard_rows") or not (meta.get("format_version") == 5 or (meta.get("pool") or {}).get("only")):
+        return 1
+    return int(meta["shard_rows"])
+
+
+def _placement_problem(
+    offsets: np.ndarray, owned: np.ndarray, fresh: np.ndarray, n_rows: int, window_rows: int
+) -> str | None:
+    """Whether the sentences that own rows (and the empty ones) sit one after the other in input order, a
+    sentence starting a window possibly at the next multiple of ``window_rows`` (FORMAT.md, "Windows"), and the
+    last one ends at ``n_rows``: None, or where they do not."""
+    idx = np.flatnonzero(fresh)
+    starts, sizes = offsets[idx].astype(np.int64), owned[idx].astype(np.int64)
+    # Where the sentence would start right after the rows before it: the end of the last one owning rows.
+    ends = starts + sizes
+    running = np.maximum.accumulate(np.where(sizes > 0, ends, 0)) if len(idx) else ends
+    before = np.concatenate([[0], running[:-1]]) if len(idx) else running
+    aligned = -(-before // window_rows) * window_rows
+    ok = (starts == before) | ((starts == aligned) & (starts % window_rows == 0))
+    if not ok.all():
+        bad = int(np.flatnonzero(~ok)[0])
+        also = f" or {int(aligned[bad])}" if aligned[bad] != before[bad] else ""
+        return f"sentence {int(idx[bad])} starts at row {int(starts[bad])}, expected {int(before[bad])}{also}"
+    end = int(running[-1]) if len(idx) else 0
+    if end != n_rows:
+        return f"sentences own rows up to {end} but vectors has {n_rows}"
+    return None
+
+
 def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], report: VerifyReport) -> None:
     problems = report.problems
     if meta.get("complete") is not True:
@@ -283,17 +316,10 @@ def _check_structure(fmt: str, meta: dict[str, Any], arrays: dict[str, Any], rep
         owned = np.where(owner, lengths, 0)
     else:
         owned = lengths
-    expected_offsets = np.concatenate([[0], np.cumsum(owned)[:-1]]) if n else np.zeros(0, np.int64)
     fresh = owner | (lengths == 0) if meta.get("dedupe") else np.ones(n, dtype=bool)
-    if int(owned.sum()) != n_rows or (offsets[fresh] != expected_offsets[fresh]).any():
-        misplaced = np.flatnonzero(fresh & (offsets != expected_offsets))
-        where = (
-            f"sentence {int(misplaced[0])} starts at row {offsets[misplaced[0]]}, "
-            f"expected {expected_offsets[misplaced[0]]}"
-            if len(misplaced)
-            else f"sentences own {int(owned.sum())} rows but vectors has {n_rows}"
-        )
-        problems.append(f"offsets/lengths are not consecutive in input order: {where}")
+    placed = _placement_problem(offsets, owned, fresh, n_rows, _window_rows(meta))
+    if placed is not None:
+        problems.append(f"offsets/lengths are not consecutive in input order: {placed}")
         return
     if meta.get("dedupe"):
         dup = (~owner) & (lengths > 0)

@@ -217,8 +217,22 @@ def _wait(process: subprocess.Popen, output: Path, seconds: float, lines: int) -
 @pytest.mark.parametrize(
     "suffix,extra",
     [
-        # zarr has the most state to resume (shards, chunks, tail)
-        (".zarr", ["--chunk-rows", "16", "--dedupe", "--fp16", "--layers", "1,2", "--pool", "first-last"]),
+        # zarr has the most state to resume (shards, chunks, tail; small files: windows of a few hundred tokens)
+        (
+            ".zarr",
+            [
+                "--chunk-rows",
+                "16",
+                "--shard-rows",
+                "64",
+                "--dedupe",
+                "--fp16",
+                "--layers",
+                "1,2",
+                "--pool",
+                "first-last",
+            ],
+        ),
         # HDF5 resumes by truncating its datasets to the last commit
         (".h5", ["--dedupe", "--mix", "0.2,0.3,0.5"]),
     ],

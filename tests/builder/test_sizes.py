@@ -39,11 +39,13 @@ def test_the_corpus_rule_caps_the_byte_rule_at_the_corpus_rounded_to_16_rows():
     # Past one chunk: equal chunks, each within the byte rule, padded by under 16 rows.
     assert [default_chunk_rows(BUNDLED_ROW_BYTES, n) for n in (1025, 2110, 3000, 4096)] == [528, 704, 1008, 1024]
     assert default_chunk_rows(BUNDLED_ROW_BYTES, 10**6) == 1024  # a large corpus keeps the byte rule
-    assert default_shard_rows(1024, BUNDLED_ROW_BYTES) == 21 * 1024  # 63 MiB: whole chunks within 64 MiB
+    assert default_shard_rows(1024, BUNDLED_ROW_BYTES) == 16 * 1024  # 48 MiB: the row cap (MAX_SHARD_ROWS)
+    assert default_shard_rows(512, 6144) == 21 * 512  # the Original's fp16 layers: 63 MiB, whole chunks in 64 MiB
+    assert default_chunk_rows(64) == 1024 and default_shard_rows(1024, 64) == 16 * 1024  # small rows: the caps
     assert default_shard_rows(16, BUNDLED_ROW_BYTES, 5) == 16  # one chunk's shard: an index of one entry
     assert default_shard_rows(608, BUNDLED_ROW_BYTES, 600) == 608
     assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 3000) == 3 * 1024
-    assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 10**9) == 21 * 1024
+    assert default_shard_rows(1024, BUNDLED_ROW_BYTES, 10**9) == 16 * 1024
 
 
 def test_count_tokens_stops_past_its_limit_and_knows_no_pipe(tmp_path):
@@ -76,7 +78,7 @@ def test_a_corpus_past_a_few_default_chunks_keeps_the_byte_rules(tmp_path, bundl
         == (1024, default_shard_rows(1024, BUNDLED_ROW_BYTES))
         == (
             1024,
-            21 * 1024,
+            16 * 1024,
         )
     )
 
@@ -96,8 +98,8 @@ def test_a_resumed_build_chunks_as_its_first_run(tmp_path, tiny_encoder):
     options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False)
     reference = build(corpus, BuildOptions(output=tmp_path / "reference.zarr", **options), encoder=tiny_encoder)
     meta, _ = raw_arrays(reference.path)
-    # 1,342 tokens of 384-byte rows: 1,344 rows, not the byte rule's 8192.
-    assert meta["n_tokens"] == 1342 and (meta["chunk_rows"], meta["shard_rows"]) == (1344, 1344)
+    # 1,342 tokens of 384-byte rows: two chunks of 672 rows (the row cap is 1,024), in one file of 1,344 rows.
+    assert meta["n_tokens"] == 1342 and (meta["chunk_rows"], meta["shard_rows"]) == (672, 1344)
     output = tmp_path / "resumed.zarr"
     for fail_at in (7, 3):
         with failing_on(tiny_encoder, fail_at), pytest.raises(RuntimeError, match="simulated crash"):
@@ -128,7 +130,7 @@ def test_a_cache_or_interrupted_build_of_other_chunking_is_this_build_when_none_
         np.testing.assert_array_equal(arrays[name], array, err_msg=name)
     # --overwrite replaces what is there: nothing is adopted.
     rebuilt = build(corpus, BuildOptions(output=complete.path, overwrite=True, **options), encoder=tiny_encoder)
-    assert (raw_arrays(rebuilt.path)[0]["chunk_rows"], raw_arrays(rebuilt.path)[0]["shard_rows"]) == (1344, 1344)
+    assert (raw_arrays(rebuilt.path)[0]["chunk_rows"], raw_arrays(rebuilt.path)[0]["shard_rows"]) == (672, 1344)
     # A chunking asked for is still compared: the cache there is not one of 16-row chunks.
     with pytest.raises(CacheExistsError, match="chunk_rows: 8192 there, 16 now"):
         build(corpus, BuildOptions(output=output, chunk_rows=16, **options), encoder=tiny_encoder)

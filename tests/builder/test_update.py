@@ -25,7 +25,7 @@ from elmo_cache.builder.encoding import WindowCutter
 from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.rows.selection import MixSpec
-from elmo_cache.store import staging_path
+from elmo_cache.store import open_cache_arrays, staging_path
 from elmo_cache.store.format import BUILD_DIR
 from elmo_cache.text.tokenize import sentence_hash, tokenize
 from elmo_cache.verify.checks import verify
@@ -33,6 +33,7 @@ from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus
 
 # Windows of about 320 tokens (20 lines): a few hundred lines make dozens of windows.
 SIZES = {"batch_tokens": 40, "window_batches": 8}
+WINDOW_TOKENS = SIZES["batch_tokens"] * SIZES["window_batches"]
 N = 500
 
 
@@ -310,7 +311,7 @@ def test_what_an_update_refuses_or_does_not_need(tmp_path, tiny_encoder, monkeyp
     assert summary.updated and summary.lines_reused > 0
     assert elmo_cache.open(output).metadata["windows"] == {
         "cut": "content-defined",
-        "version": 2,
+        "version": 3,
         "window_tokens": 320,
         "batch_tokens": 40,
     }
@@ -344,7 +345,7 @@ def test_a_cache_of_an_encoder_that_did_not_round_its_products_is_refused(tmp_pa
         build(corpus, BuildOptions(output=output, progress=False, **SIZES), encoder=tiny_encoder)
     assert elmo_cache.open(output).metadata["windows"]["version"] == 1
     write_corpus(corpus, edited(old, "append"))
-    with pytest.raises(CacheExistsError, match="windows version 1, this one writes version 2.*--overwrite"):
+    with pytest.raises(CacheExistsError, match="windows version 1; this one updates versions 2 and 3.*--overwrite"):
         build(corpus, BuildOptions(output=output, update=True, progress=False, **SIZES), encoder=tiny_encoder)
     assert len(elmo_cache.open(output)) == 40
 
@@ -843,3 +844,83 @@ def test_a_sentence_whose_key_collides_with_a_cached_line_is_encoded_not_copied(
     alone = tiny_encoder.embed_batch([tokenize(new[middle])])[0]
     assert edited_rows.shape == alone.shape
     np.testing.assert_allclose(edited_rows, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("edit", "extra"), [("block", {}), ("delete", {"fp16": True, "compression": "zstd"})])
+def test_an_edit_in_the_middle_takes_every_later_window_s_vectors_files_whole(tmp_path, tiny_encoder, edit, extra):
+    """Each window's rows start a zarr vectors file of their own, so the windows after an edit keep their files
+    byte for byte wherever their rows moved: the update hard-links them under their new numbers (same inodes as
+    the old cache's) and writes only the changed windows' files, and still equals a fresh build."""
+    old, new, corpus, output, options = built(
+        tmp_path, tiny_encoder, ".zarr", "delete", {"chunk_rows": 16, "shard_rows": 64, **extra}, seed=41
+    )
+    if edit == "block":  # 40 lines (~600 rows) in the middle: every later window's rows move by whole files
+        new = [*old[: len(old) // 2], *corpus_lines(40, seed=77), *old[len(old) // 2 :]]
+    before = {path.stat().st_ino for path in (output / "vectors" / "c").rglob("*") if path.is_file()}
+    old_cache = tmp_path / "old.zarr"
+    shutil.copytree(output, old_cache)  # its offsets, to see that rows moved
+    write_corpus(corpus, new)
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    fresh = tmp_path / "fresh.zarr"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
+    assert verify(output).ok
+    # Read through elmo-cache's own reader (files that end short, each block checked against its sum on first
+    # touch) every sentence is the one zarr itself reads.
+    _, arrays = raw_arrays(output)
+    with elmo_cache.open(output) as cache:
+        for i in range(len(cache)):
+            start, stop = int(arrays["offsets"][i]), int(arrays["offsets"][i] + arrays["lengths"][i])
+            rows = arrays["vectors"][start:stop].astype(np.float32)  # token-major; a sentence is layer-major
+            np.testing.assert_array_equal(np.asarray(cache[i], dtype=np.float32), np.moveaxis(rows, 0, 1))
+    # And the whole array, the rows between windows too: zeros, as zarr reads the chunks a file does not hold.
+    _, _, readers, _ = open_cache_arrays(output)
+    np.testing.assert_array_equal(np.asarray(readers["vectors"]), arrays["vectors"])
+
+    # The files of every window the edit did not touch (by content: some after it are cut anew) are the old
+    # cache's own, whatever their numbers now; only the files of the windows cut anew were written.
+    number = {
+        path: int(path.relative_to(output / "vectors" / "c").parts[0])
+        for path in (output / "vectors" / "c").rglob("*")
+        if path.is_file()
+    }
+    written = {k for path, k in number.items() if path.stat().st_ino not in before}
+    _, arrays = raw_arrays(output)
+    ends = arrays["offsets"] + arrays["lengths"]
+    old_windows, changed, line = set(windows_of(old, WINDOW_TOKENS)), set(), 0
+    for window in windows_of(new, WINDOW_TOKENS):
+        if window not in old_windows:
+            rows = [int(arrays["offsets"][i]) for i in range(line, line + len(window)) if arrays["lengths"][i]]
+            changed |= set(range(min(rows) // 64, -(-int(ends[line : line + len(window)].max()) // 64)))
+        line += len(window)
+    assert written and written <= changed, (sorted(written - changed), summary)
+    moved = int(arrays["offsets"][-1]) - int(raw_arrays(old_cache)[1]["offsets"][-1])
+    assert moved >= 8 * 64 if edit == "block" else moved % 64 == 0
+    assert len(written) < len(number) / 3
+    assert summary.files_linked == len(number) - len(written)
+
+
+def test_a_cache_whose_windows_did_not_start_files_is_updated_to_a_fresh_build(tmp_path, tiny_encoder, monkeypatch):
+    """Windows version 2 (an elmo-cache before each window's rows started a vectors file of their own): the same
+    rows, packed. An update copies them (its files sit elsewhere: none is linked) and writes a version-3 cache
+    equal to a fresh build."""
+    from elmo_cache.builder import encoding, local
+    from elmo_cache.store import staging
+
+    old = corpus_lines(N, seed=17)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.zarr"
+    options = {**SIZES, "progress": False, "chunk_rows": 16, "shard_rows": 64}
+    with monkeypatch.context() as patch:
+        patch.setattr(local, "windows_entry", lambda *args: {**encoding.windows_entry(*args), "version": 2})
+        patch.setattr(staging.Layout, "window_rows", property(lambda layout: 1))
+        build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    _, packed = raw_arrays(output)
+    assert packed["offsets"].tolist() == np.concatenate([[0], np.cumsum(packed["lengths"])[:-1]]).tolist()
+    write_corpus(corpus, edited(old, "insert"))
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    fresh = tmp_path / "fresh.zarr"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
+    assert summary.files_linked == 0 and summary.lines_reused >= len(old) - 40
+    assert elmo_cache.open(output).metadata["windows"]["version"] == 3

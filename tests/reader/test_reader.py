@@ -248,7 +248,8 @@ def test_text_lookups_split_as_the_build_did(tmp_path, corpus, encoder):
     plain = build(text, BuildOptions(output=tmp_path / "w.zarr", progress=False), encoder=encoder).path
     with elmo_cache.open(ptb) as cache, elmo_cache.open(plain) as other:
         assert cache.tokenization == "ptb" and other.tokenization == "whitespace"
-        assert cache.metadata["format_version"] == 3 and other.metadata["format_version"] == 2
+        # zarr caches are version 5 (their windows start vectors files), which holds version 3's keys.
+        assert cache.metadata["format_version"] == other.metadata["format_version"] == 5
         assert cache.tokens(0) == ["The", "cat", "'s", "on", "the", "mat", "."]
         assert other.tokens(0) == ["The", "cat's", "on", "the", "mat."]
         for query in ("The cat's on the mat.", "The cat 's on the mat .", "  The cat's   on the mat. "):

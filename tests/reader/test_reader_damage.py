@@ -82,7 +82,7 @@ def test_missing_and_foreign_paths(tmp_path):
 def test_unsupported_version_and_bad_metadata(make_cache, fmt):
     path = make_cache(fmt=fmt)
     set_metadata(path, format_version=7)
-    with pytest.raises(CacheFormatError, match=r"unsupported format_version 7.*\[1, 2, 3, 4\]"):
+    with pytest.raises(CacheFormatError, match=r"unsupported format_version 7.*\[1, 2, 3, 4, 5\]"):
         elmo_cache.open(path)
     set_metadata(path, format_version=2, kind="layered", dtype="float64")
     with pytest.raises(CacheFormatError, match="kind 'layered'.*dtype 'float64'"):

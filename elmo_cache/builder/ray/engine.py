@@ -72,6 +72,7 @@ from elmo_cache.model.identity import model_differences
 from elmo_cache.store.container import OutputKind, OutputState, ParallelWriter
 from elmo_cache.store.durable import atomic_write_json
 from elmo_cache.store.format import BUILD_DIR, staging_path
+from elmo_cache.store.parallel import short_files
 from elmo_cache.store.registry import containers, get_container
 from elmo_cache.store.staging import Progress
 from elmo_cache.text.corpus import Corpus
@@ -208,11 +209,13 @@ class RayRun:
             "batch_tokens": batch_tokens,
             "started": _now(),
         }
+        dim = job.model.output_dim
+        self.layout = layout = plan.layout(dim)
+        # Each window's rows start a vectors file of their own, as the local engine places them.
+        plan_info["window_rows"] = layout.window_rows
         begin = time.monotonic()
         self.first = first = _first_pass(job, staging, plan_info, resumed=found.kind is OutputKind.RESUMABLE)
         self.first_pass_seconds = time.monotonic() - begin
-        dim = job.model.output_dim
-        self.layout = layout = plan.layout(dim)
         writer = _parallel_writer(plan.format)
         self.writer = writer
         file_rows = writer.file_rows(layout)
@@ -264,6 +267,7 @@ class RayRun:
             max(1, int(cpus_per_worker)),
             int(fail) if fail else None,
             job.source.name,
+            short_files(first.windows, file_rows) if layout.token_rows else {},
         )
         self.statuses: list[dict[str, Any]] = []
         self.parts_seconds = 0.0
@@ -307,7 +311,7 @@ class RayRun:
             parts_seconds=round(self.parts_seconds, 3),
             parts_tokens_per_s=round(tokens_run / self.parts_seconds, 1) if self.parts_seconds > 0 else None,
         )
-        sums = stitch(self.writer, self.staging, self.layout, self.stored_rows, self.specs)
+        sums = stitch(self.writer, self.staging, self.layout, self.stored_rows, self.specs, self.part_job.ends)
 
         def meta_of(n_unique: int, corpus: dict[str, Any]) -> dict[str, Any]:
             seconds = time.monotonic() - began
@@ -374,15 +378,22 @@ def _first_pass(job: BuildJob, staging: Path, plan_info: dict[str, Any], *, resu
         saved = load_first_pass(plan_dir)
         assert saved is not None  # interrupted() found its plan.json
         check_resumed(staging, saved.info["identity"], job.identity)
-        for key in ("corpus", "window_tokens"):
-            if saved.info[key] != plan_info[key]:
+        for key in ("corpus", "window_tokens", "window_rows"):
+            if saved.info.get(key) != plan_info[key]:
                 raise CacheExistsError(
                     f"{staging} holds an interrupted build of another corpus or window size ({key}: "
                     f"{saved.info[key]!r} there, {plan_info[key]!r} now); pass --overwrite to start over"
                 )
         return saved
     job.plan.output.parent.mkdir(parents=True, exist_ok=True)
-    return first_pass(job.source, plan_dir, plan_info["window_tokens"], bool(job.options.dedupe), plan_info)
+    return first_pass(
+        job.source,
+        plan_dir,
+        plan_info["window_tokens"],
+        bool(job.options.dedupe),
+        plan_info,
+        plan_info["window_rows"],
+    )
 
 
 def _pool(

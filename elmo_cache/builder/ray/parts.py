@@ -22,7 +22,7 @@ import socket
 import time
 import traceback
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,9 @@ class PartJob:
     fail_part: int | None
     # The corpus as errors name it (a refused non-finite value names its line in it).
     corpus: str = "the corpus"
+    # The vectors files whose rows end short of the file (a window's last), by the row they end at
+    # (store.parallel.short_files).
+    ends: dict[int, int] = field(default_factory=dict)
 
 
 def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpec) -> dict[str, Any]:
@@ -140,7 +143,7 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
         sink = None
         if job.layout.token_rows:
             sink = stack.enter_context(
-                job.writer.part(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row)
+                job.writer.part(job.staging, job.layout, job.n_rows, spec.first_row, spec.end_row, job.ends)
             )
         with torch.inference_mode():
             for w in range(spec.first_window, spec.end_window):
@@ -149,7 +152,7 @@ def run_part(job: PartJob, encode: WindowEncoder, plan: FirstPass, spec: PartSpe
                     window.tokens, window.lengths, offsets, new, first_row, first_line=window.first_line
                 )
                 if sink is not None:
-                    sink.add(vectors)
+                    sink.add(vectors, first_row)
                 # The encoding's values of the declared columns, by name (today the pooled vectors alone).
                 values = {} if window_pooled is None else {POOLED_ARRAY: window_pooled}
                 columns.add(values, len(window.lengths))

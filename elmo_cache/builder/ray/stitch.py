@@ -24,14 +24,20 @@ __all__ = ["stitch", "publish", "sentence_columns"]
 
 
 def stitch(
-    writer: ParallelWriter, staging: Path, layout: Layout, n_rows: int, specs: list[PartSpec]
+    writer: ParallelWriter,
+    staging: Path,
+    layout: Layout,
+    n_rows: int,
+    specs: list[PartSpec],
+    ends: dict[int, int] | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Stitch the row-files the parts shared from the fragments their markers name; every file's (size, CRC-32).
-    ``n_rows``: the rows of ``vectors`` (0 for a layout without token rows: no file to stitch)."""
+    ``n_rows``: the rows of ``vectors`` (0 for a layout without token rows: no file to stitch); ``ends``: the files
+    whose rows end short (``PartJob.ends``)."""
     parts = [
         PartFiles.from_json(json.loads(marker_path(staging, spec.index).read_text(encoding="utf-8"))) for spec in specs
     ]
-    return writer.stitch(staging, layout, n_rows, parts)
+    return writer.stitch(staging, layout, n_rows, parts, ends)
 
 
 def sentence_columns(staging: Path, layout: Layout, first: FirstPass, specs: list[PartSpec]) -> SentenceColumns:

@@ -172,7 +172,8 @@ class Hdf5Writer(Writer):
     def _open_vectors(self) -> None:
         self.vectors.open(self.stored_rows)
 
-    def _append_vectors(self, vectors: np.ndarray) -> None:
+    def _append_vectors(self, vectors: np.ndarray, gap: int = 0) -> None:
+        assert not gap, "an HDF5 layout's windows start where the rows before end (Layout.window_rows is 1)"
         if len(vectors):
             self.vectors.append(vectors)
 

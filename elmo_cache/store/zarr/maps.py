@@ -236,6 +236,10 @@ class RawShards(_RawFiles):
         self._index_bytes = 16 * self._per_shard + (4 if index_crc else 0)
         self._index_crc = index_crc
         self._layouts: dict[int, bytes] = {}
+        # Shards before the last that end short (a window's last: the next window starts the next shard), by the
+        # rows they store: the rows past them are chunks the shard does not hold, which read as zeros (as zarr
+        # reads them). Learnt from each shard's size and index when first opened.
+        self._short: dict[int, int] = {}
 
     def _block_rows(self, c: int) -> int:
         return self._present(c) * self.inner_rows
@@ -243,6 +247,28 @@ class RawShards(_RawFiles):
     def _present(self, c: int) -> int:
         rows = min(self.chunk_rows, self.shape[0] - c * self.chunk_rows)
         return -(-rows // self.inner_rows)
+
+    def _present_in(self, c: int, size: int) -> int:
+        """The inner chunks shard ``c`` holds, judged by its ``size``: the last shard holds those that reach into
+        the array; one before it may hold fewer (at least one, back to back from its start)."""
+        present = self._present(c)
+        if c == self.n_chunks - 1:
+            return present
+        stored, extra = divmod(size - self._index_bytes, self._inner_bytes)
+        return stored if not extra and 1 <= stored < present else present
+
+    def _fill(self, c: int, r: int, out: np.ndarray) -> None:
+        short = self._short.get(c)
+        if short is None and c not in self._known:
+            self._source(c)  # opened and checked: whether it ends short is known from here
+            short = self._short.get(c)
+        if short is None or r + len(out) <= short:
+            super()._fill(c, r, out)
+            return
+        held = max(0, short - r)
+        if held:
+            super()._fill(c, r, out[:held])
+        out[held:] = self._fill_value
 
     def _layout_index(self, present: int) -> bytes:
         """The index body of a shard with ``present`` chunks back to back from byte 0 (the layout written here)."""
@@ -258,7 +284,7 @@ class RawShards(_RawFiles):
         """Check shard ``c``'s size and index; None when its chunks lie back to back (its rows are read
         by position), else its (offset, size) pairs."""
         size = os.fstat(fd).st_size
-        present = self._present(c)
+        present = self._present_in(c, size)
         expected = present * self._inner_bytes + self._index_bytes
         if size < self._index_bytes:
             raise CacheFormatError(
@@ -281,6 +307,8 @@ class RawShards(_RawFiles):
                     f"{path}: shard {c} of array {self.name!r} has {size} bytes, expected {expected} "
                     f"({present} uncompressed chunks of {self.inner_rows} rows and the index); the cache is corrupt"
                 )
+            if present < self._present(c):
+                self._short[c] = present * self.inner_rows
             return None
         index = np.frombuffer(body, dtype="<u8").reshape(self._per_shard, 2)
         used = index[:, 0] != ABSENT_CHUNK
@@ -292,7 +320,8 @@ class RawShards(_RawFiles):
         return index
 
     def _gather(self, c: int, path: str, fd: int, index: np.ndarray) -> np.ndarray:
-        """A shard whose inner chunks are not back to back, read chunk by chunk (a copy)."""
+        """A shard whose inner chunks are not back to back, read chunk by chunk (a copy; chunks it does not hold
+        read as the fill value)."""
         present = self._present(c)
         block = np.full((present * self.inner_rows, *self.shape[1:]), self._fill_value, dtype=self.dtype)
         for j, (offset, size) in enumerate(index[:present].tolist()):

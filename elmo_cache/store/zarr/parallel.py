@@ -11,7 +11,7 @@ the same cache, byte for byte.
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,14 @@ from elmo_cache.store.zarr.write import create_group, finish_sentences, vectors_
 __all__ = ["ZarrParallelWriter"]
 
 
+def _opener(
+    staging: Path, layout: Layout, n_rows: int, ends: Mapping[int, int] | None
+) -> Callable[[int], VectorsFileStream]:
+    """Vectors file ``k`` as a stream, ending short where ``ends`` says."""
+    ends = dict(ends or {})
+    return lambda k: VectorsFileStream(staging, layout, n_rows, k, ends.get(k))
+
+
 class ZarrParallelWriter:
     """Several workers writing one zarr cache: one row-file per ``vectors`` shard."""
 
@@ -37,13 +45,29 @@ class ZarrParallelWriter:
         create_group(staging, layout, n_rows, metadata)
         (staging / BUILD_DIR / FRAGMENTS_DIR).mkdir(parents=True, exist_ok=True)
 
-    def part(self, staging: Path, layout: Layout, n_rows: int, first_row: int, end_row: int) -> RowSink:
-        opener = partial(VectorsFileStream, staging, layout, n_rows)
-        return RowSink(staging, n_rows, vectors_file_rows(layout), first_row, end_row, opener)
+    def part(
+        self,
+        staging: Path,
+        layout: Layout,
+        n_rows: int,
+        first_row: int,
+        end_row: int,
+        ends: Mapping[int, int] | None = None,
+    ) -> RowSink:
+        return RowSink(
+            staging, n_rows, vectors_file_rows(layout), first_row, end_row, _opener(staging, layout, n_rows, ends), ends
+        )
 
-    def stitch(self, staging: Path, layout: Layout, n_rows: int, parts: list[PartFiles]) -> dict[int, tuple[int, int]]:
-        opener = partial(VectorsFileStream, staging, layout, n_rows)
-        return stitch_files(staging, layout, n_rows, vectors_file_rows(layout), parts, opener)
+    def stitch(
+        self,
+        staging: Path,
+        layout: Layout,
+        n_rows: int,
+        parts: list[PartFiles],
+        ends: Mapping[int, int] | None = None,
+    ) -> dict[int, tuple[int, int]]:
+        opener = _opener(staging, layout, n_rows, ends)
+        return stitch_files(staging, layout, n_rows, vectors_file_rows(layout), parts, opener, ends)
 
     def finish(
         self,

@@ -35,16 +35,17 @@ __all__ = ["VectorsFileStream"]
 
 
 class VectorsFileStream:
-    """Vectors file ``k`` of an array of ``n_rows`` rows, written by :meth:`write` in row order.
+    """Vectors file ``k`` of an array of ``n_rows`` rows, written by :meth:`write` in row order; ``end``: where
+    its rows end when short of the file (a window's last file, see ``write_vectors_file``).
 
     The spool has a name of its own (two writers of one file, a part redone while a stale worker still
     runs, never share a temporary file); the file appears at its final name whole, after being synced,
     with its block sums beside it, as with ``write_vectors_file``.
     """
 
-    def __init__(self, staging: Path, layout: Layout, n_rows: int, k: int):
-        self.staging, self.layout, self.n_rows, self.k = staging, layout, n_rows, k
-        self.want, self.present = file_geometry(layout, n_rows, k)
+    def __init__(self, staging: Path, layout: Layout, n_rows: int, k: int, end: int | None = None):
+        self.staging, self.layout, self.n_rows, self.k, self.end = staging, layout, n_rows, k, end
+        self.want, self.present = file_geometry(layout, n_rows if end is None else end, k)
         self.rows = 0
         self.crc = 0
         self.summer = BlockSummer(int(layout.chunk_rows or 0) * layout.row_bytes)
@@ -86,6 +87,8 @@ class VectorsFileStream:
                 handle.flush()
                 os.fsync(handle.fileno())
                 size = handle.tell()
+            if self.end is not None:  # a short file's last block is a whole chunk (see write_vectors_file)
+                self.summer.update(padding)
             write_sums_file(sums_path(self.staging, self.k), self.summer.finish())
             publish_file(self.path, vectors_file_path(self.staging, self.layout, self.k))
             return size, checksum(index, checksum(padding, self.crc))
@@ -97,7 +100,7 @@ class VectorsFileStream:
         # zarr encodes a compressed shard from all its rows: the one place a whole file is read back.
         rows = np.fromfile(self.path, dtype=self.layout.dtype).reshape(-1, *self.layout.row_shape)
         try:
-            return write_vectors_file(self.staging, self.layout, self.n_rows, self.k, rows)
+            return write_vectors_file(self.staging, self.layout, self.n_rows, self.k, rows, end=self.end)
         finally:
             del rows
             self.path.unlink(missing_ok=True)

@@ -204,13 +204,18 @@ def write_file_body(handle: Any, layout: Layout, n_rows: int, k: int, rows: np.n
     return checksum(index, checksum(padding, checksum(body)))
 
 
-def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows: np.ndarray) -> tuple[int, int]:
+def write_vectors_file(
+    staging: Path, layout: Layout, n_rows: int, k: int, rows: np.ndarray, *, end: int | None = None
+) -> tuple[int, int]:
     """Write ``vectors`` file ``k`` of an array of ``n_rows`` rows: its rows ``[k*F, min((k+1)*F, n_rows))``
-    (``F = vectors_file_rows(layout)``) are ``rows``, exactly that many.
+    (``F = vectors_file_rows(layout)``) are ``rows``, exactly that many; or, ``end`` given, a file whose rows end
+    there, short of the file (a window's last: the next window's rows start the next file), ``[k*F, end)``.
 
     The file goes to a temporary name in the build folder, is synced, then renamed into place, so a
     file at its final name is always whole. Returns its ``(size, CRC-32)`` for ``checksums.json``.
     """
+    if end is not None:
+        n_rows = end
     want, _ = file_geometry(layout, n_rows, k)
     if len(rows) != want or tuple(rows.shape[1:]) != tuple(layout.row_shape):
         raise ValueError(
@@ -229,12 +234,22 @@ def write_vectors_file(staging: Path, layout: Layout, n_rows: int, k: int, rows:
             os.fsync(handle.fileno())
             size = handle.tell()
         # The block sums first: a vectors file at its final name always has them beside it.
-        write_sums_file(sums_path(staging, k), block_sums(rows, int(layout.chunk_rows or 0)))
+        write_sums_file(sums_path(staging, k), file_block_sums(rows, layout, short=end is not None))
         publish_file(Path(name), vectors_file_path(staging, layout, k))
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
     return size, crc
+
+
+def file_block_sums(rows: np.ndarray, layout: Layout, *, short: bool) -> np.ndarray:
+    """The block sums of a vectors file's ``rows``; of a file that ends ``short`` (before the array's last) the
+    last block is a whole chunk, its padding summed as the zeros it reads as."""
+    chunk = int(layout.chunk_rows or 0)
+    pad = -len(rows) % chunk if short else 0
+    if pad:
+        rows = np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), dtype=rows.dtype)])
+    return block_sums(rows, chunk)
 
 
 def sums_path(staging: Path, k: int) -> Path:
@@ -248,11 +263,27 @@ def _vector_block_sums(staging: Path, vectors: Any) -> np.ndarray:
     rows, chunk = int(vectors.shape[0]), int(vectors.chunks[0])
     file_rows = int((vectors.shards or vectors.chunks)[0])
     parts = []
+    absent: np.ndarray | None = None
     for k in range(-(-rows // file_rows)):
         start, stop = k * file_rows, min(rows, (k + 1) * file_rows)
-        sums = read_sums_file(sums_path(staging, k), -(-(stop - start) // chunk))
+        blocks = -(-(stop - start) // chunk)
+        sums = read_sums_file(sums_path(staging, k), blocks)
+        if sums is None:
+            # A file that ends short (a window's last: the next window starts the next file): its chunks that
+            # are not stored read as zeros, and are summed so.
+            stored = read_sums_file(sums_path(staging, k), None)
+            if stored is not None and len(stored) < blocks:
+                if absent is None:
+                    absent = block_sums(np.zeros((chunk, *vectors.shape[1:]), dtype=vectors.dtype), chunk)
+                sums = np.concatenate([stored, np.repeat(absent, blocks - len(stored))])
         parts.append(sums if sums is not None else block_sums(np.asarray(vectors[start:stop]), chunk))
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+    joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+    if rows % chunk:
+        # The array's last block is summed over its rows alone: a file an update took whole from a window that
+        # was not its cache's last carries the sum of the block padded (as a file that ends short sums it).
+        last = rows - rows % chunk
+        joined[-1] = block_sums(np.asarray(vectors[last:rows]), chunk)[0]
+    return joined
 
 
 def publish_file(source: Path, final: Path) -> None:

@@ -22,6 +22,7 @@ from elmo_cache.store.zarr.read import open_arrays
 from elmo_cache.store.zarr.write import (
     CRC_BYTES,
     create_group,
+    file_block_sums,
     file_geometry,
     finish_sentences,
     publish_file,
@@ -58,6 +59,21 @@ def _side_workers() -> ThreadPoolExecutor:
         return _workers[1]
 
 
+def _link_or_copy(source: Path, final: Path) -> None:
+    """``source`` at ``final`` as a hard link (a copy where links are refused), durably: the link is on disk before
+    a commit counts its rows."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    final.unlink(missing_ok=True)
+    try:
+        os.link(source, final)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copyfile(source, final)
+        fsync_path(final)
+    fsync_path(final.parent, directory=True)
+
+
 def _append_to(path: Path, data: memoryview) -> None:
     with open(path, "ab") as handle:
         handle.write(data)
@@ -92,6 +108,14 @@ class ZarrWriter(Writer):
         # An update's vectors files taken from the cache it replaces (link_unchanged): file -> (size, CRC-32).
         # Their rows are counted as appended but never written.
         self._linked: dict[int, tuple[int, int]] = {}
+        # Files taken whole from the cache an update replaces (link_window), by their number there: a resume links
+        # again the one it had not finished.
+        self._window_links: dict[int, int] = {}
+        # That cache's checksums.json entries, vectors and block sums (read once, by the first link).
+        self._source: tuple[dict[str, Any], Any, Any] | None = None
+        # Filled files whose rows end short of the file (a window's last file; the next window starts the next
+        # file): file -> the row its rows end at.
+        self._ends: dict[int, int] = {}
 
     def _rows_path(self, k: int) -> Path:
         return self.build_dir / f"rows-{k}.bin"
@@ -146,7 +170,13 @@ class ZarrWriter(Writer):
                 if not entry.name.isdigit() or int(entry.name) >= published:
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         want = (rows - published * self.file_rows) * self.layout.row_bytes
-        if want and published in self.progress.extra.get("linked", ()):
+        window_links = {int(k): int(old) for k, old in self.progress.extra.get("window_links", {}).items()}
+        if want and published in window_links:
+            # An update committed a window whose files it takes whole, the last one not yet finished: taken again.
+            current.unlink(missing_ok=True)
+            self._rows_crc, self._summers = {}, {}
+            self._link_file(window_links[published], published, rows - published * self.file_rows)
+        elif want and published in self.progress.extra.get("linked", ()):
             # An update committed part of a file it links (never written): link_unchanged links it again.
             current.unlink(missing_ok=True)
             self._rows_crc, self._summers = {}, {}
@@ -184,29 +214,66 @@ class ZarrWriter(Writer):
             return 0  # a cache without block sums: its files are written again
         chunks = self.file_rows // int(self.layout.chunk_rows or 1)
         for k in range(first, files):
-            old = vectors_file_path(source, self.layout, k)
             final = vectors_file_path(self.staging, self.layout, k)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            final.unlink(missing_ok=True)
-            try:
-                os.link(old, final)
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                    raise
-                shutil.copyfile(old, final)
-                fsync_path(final)
-            fsync_path(final.parent, directory=True)  # the link is durable before a commit counts its rows
+            _link_or_copy(vectors_file_path(source, self.layout, k), final)
             write_sums_file(sums_path(self.staging, k), np.asarray(block_sums[k * chunks : (k + 1) * chunks]))
             size, crc = recorded[final.relative_to(self.staging).as_posix()]
             self._linked[k] = (int(size), int(crc))
         return files
 
-    def _append_vectors(self, vectors: np.ndarray) -> None:
+    def link_window(self, old_start: int, new_start: int, count: int) -> None:
+        """An update's window whose rows the cache it replaces (at the output) holds from row ``old_start``, a
+        vectors file's start, in files of their own (windows version 3), and which this build places from
+        ``new_start``: those files are taken whole, hard-linked (copied where links are refused), at their new
+        numbers, with their block sums; its ``count`` rows are then counted as they are appended, never written."""
+        f = self.file_rows
+        if old_start % f or new_start % f:
+            raise ValueError(f"link_window: rows {old_start} and {new_start} must start vectors files of {f} rows")
+        for j in range(-(-count // f)):
+            self._link_file(old_start // f + j, new_start // f + j, min(f, count - j * f))
+
+    def _link_file(self, old: int, k: int, rows: int) -> None:
+        """Vectors file ``old`` of the cache at the output, holding ``rows`` rows, as this build's file ``k``."""
+        if self._source is None:
+            recorded = json.loads((self.output / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
+            _, found = open_arrays(self.output, ("vectors", BLOCK_SUMS["vectors"]))
+            rows_array, sums_array = found["vectors"], found[BLOCK_SUMS["vectors"]]
+            assert rows_array is not None and sums_array is not None, "an update links only from a cache with sums"
+            self._source = (recorded, rows_array, sums_array)
+        recorded, vectors, stored_sums = self._source
+        source, final = (
+            vectors_file_path(self.output, self.layout, old),
+            vectors_file_path(self.staging, self.layout, k),
+        )
+        _link_or_copy(source, final)
+        chunk = int(self.layout.chunk_rows or 1)
+        present, tail = -(-rows // chunk), rows % chunk
+        first_block = old * (self.file_rows // chunk)
+        sums: np.ndarray = np.array(stored_sums[first_block : first_block + present], dtype=np.uint32)
+        if tail:
+            # The last block as a file that ends short sums it (padded: it reads as zeros past the rows); the
+            # cache's own sum is of its rows alone when the file was its last. The finish sums the array's last.
+            start = old * self.file_rows + rows - tail
+            sums[-1] = file_block_sums(np.asarray(vectors[start : start + tail]), self.layout, short=True)[-1]
+        write_sums_file(sums_path(self.staging, k), sums)
+        size, crc = recorded[source.relative_to(self.output).as_posix()]
+        self._linked[k] = (int(size), int(crc))
+        self._window_links[k] = old
+
+    def _append_vectors(self, vectors: np.ndarray, gap: int = 0) -> None:
         # The window's rows cut at file boundaries: each file gets one piece, so the pieces are written side by
         # side, and only the first can continue a file (and its sums) begun by an earlier append.
         pieces: list[tuple[int, memoryview]] = []
         filled: list[int] = []
-        done, rows, n = 0, self._rows, len(vectors)
+        if gap:  # the file being filled ends here, short: these rows start the next one
+            assert (self._rows + gap) % self.file_rows == 0 and self._rows % self.file_rows, (self._rows, gap)
+            k = self._rows // self.file_rows
+            self._ends[k] = self._rows
+            filled.append(k)
+            summer = self._summers.get(k)
+            if summer is not None:  # the last block is a whole chunk (its padding reads as zeros): summed whole
+                summer.update(bytes(-self._rows % int(self.layout.chunk_rows or 1) * self.layout.row_bytes))
+        done, rows, n = 0, self._rows + gap, len(vectors)
         while done < n:
             k = rows // self.file_rows
             take = min(n - done, (k + 1) * self.file_rows - rows)
@@ -277,13 +344,17 @@ class ZarrWriter(Writer):
 
     def _sync_vectors(self) -> dict[str, Any]:
         for k in self._filled:
-            self.file_sums.append(np.array([self._finish_file(k, (k + 1) * self.file_rows)], dtype=np.int64))
+            end = self._ends.pop(k, (k + 1) * self.file_rows)
+            self.file_sums.append(np.array([self._finish_file(k, end)], dtype=np.int64))
         self._ready, self._filled = self._filled, []
         current = self._rows // self.file_rows
         if self._rows % self.file_rows and current not in self._linked:  # the file being filled: its rows so far
             fsync_path(self._rows_path(current))
         self.file_sums.sync()
-        return {"linked": sorted(self._linked)} if self._linked else {}
+        extra: dict[str, Any] = {"linked": sorted(self._linked)} if self._linked else {}
+        if self._window_links:
+            extra["window_links"] = {str(k): old for k, old in sorted(self._window_links.items())}
+        return extra
 
     def _after_commit(self) -> None:
         for k in self._ready:
@@ -310,7 +381,8 @@ class ZarrWriter(Writer):
             k = files - 1
             sums[k] = self._finish_file(k, rows)
             # Compressed: the raw rows stay until the build folder goes, in case finishing fails.
-            publish_file(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
+            if k not in self._linked:  # else in place already
+                publish_file(self._ready_path(k), vectors_file_path(self.staging, self.layout, k))
         sentences = self.sentences()
         small = sentences.arrays(self.extra_arrays)
         self.close()
