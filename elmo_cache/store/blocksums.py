@@ -96,6 +96,12 @@ class BlockSummer:
                 self.sums.append(self._crc)
                 self._crc = self._fill = 0
 
+    def pad_block(self) -> None:
+        """Complete a partial last block with zero bytes: the block of a vectors file that ends short of the array,
+        whose padding reads as zeros."""
+        if self._fill:
+            self.update(bytes(self.block_bytes - self._fill))
+
     def finish(self) -> np.ndarray:
         """The sums of every block, the last partial one included."""
         if self._fill:

@@ -28,6 +28,7 @@ from elmo_cache.store.format import (
     FORMAT_VERSIONS,
     INDEX_DTYPES,
     TEXT_ENCODING,
+    WINDOW_FILES_FORMAT_VERSION,
     arrays_of,
     decode_metadata,
     metadata_checksum,
@@ -222,7 +223,8 @@ def _window_rows(meta: dict[str, Any]) -> int:
     """Where a window's rows may start (a multiple of it; ``Layout.window_rows``): a zarr cache's vectors file
     rows (format version 5, and a --pool-only cache's offsets, which address the rows such a cache would have),
     else 1 (HDF5, and zarr caches written before windows started files: their rows are consecutive)."""
-    if not meta.get("shard_rows") or not (meta.get("format_version") == 5 or (meta.get("pool") or {}).get("only")):
+    files = meta.get("format_version") == WINDOW_FILES_FORMAT_VERSION or (meta.get("pool") or {}).get("only")
+    if not meta.get("shard_rows") or not files:
         return 1
     return int(meta["shard_rows"])
 
@@ -240,7 +242,7 @@ def _placement_problem(
     running = np.maximum.accumulate(np.where(sizes > 0, ends, 0)) if len(idx) else ends
     before = np.concatenate([[0], running[:-1]]) if len(idx) else running
     aligned = -(-before // window_rows) * window_rows
-    ok = (starts == before) | ((starts == aligned) & (starts % window_rows == 0))
+    ok = (starts == before) | (starts == aligned)
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         also = f" or {int(aligned[bad])}" if aligned[bad] != before[bad] else ""

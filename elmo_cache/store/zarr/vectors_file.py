@@ -88,7 +88,7 @@ class VectorsFileStream:
                 os.fsync(handle.fileno())
                 size = handle.tell()
             if self.end is not None:  # a short file's last block is a whole chunk (see write_vectors_file)
-                self.summer.update(padding)
+                self.summer.pad_block()
             write_sums_file(sums_path(self.staging, self.k), self.summer.finish())
             publish_file(self.path, vectors_file_path(self.staging, self.layout, self.k))
             return size, checksum(index, checksum(padding, self.crc))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store.blocksums import block_sums, read_sums_file, sums_listing, write_sums_file
+from elmo_cache.store.blocksums import BlockSummer, block_sums, read_sums_file, sums_listing, write_sums_file
 from elmo_cache.store.columns import Column
 from elmo_cache.store.durable import fsync_path, publish_directory
 from elmo_cache.store.format import (
@@ -245,11 +245,11 @@ def write_vectors_file(
 def file_block_sums(rows: np.ndarray, layout: Layout, *, short: bool) -> np.ndarray:
     """The block sums of a vectors file's ``rows``; of a file that ends ``short`` (before the array's last) the
     last block is a whole chunk, its padding summed as the zeros it reads as."""
-    chunk = int(layout.chunk_rows or 0)
-    pad = -len(rows) % chunk if short else 0
-    if pad:
-        rows = np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), dtype=rows.dtype)])
-    return block_sums(rows, chunk)
+    summer = BlockSummer(int(layout.chunk_rows or 0) * layout.row_bytes)
+    summer.update(np.ascontiguousarray(rows, dtype=layout.dtype))
+    if short:
+        summer.pad_block()
+    return summer.finish()
 
 
 def sums_path(staging: Path, k: int) -> Path:

@@ -175,7 +175,7 @@ class ZarrWriter(Writer):
             # An update committed a window whose files it takes whole, the last one not yet finished: taken again.
             current.unlink(missing_ok=True)
             self._rows_crc, self._summers = {}, {}
-            self._link_file(window_links[published], published, rows - published * self.file_rows)
+            self._link_window_file(window_links[published], published, rows - published * self.file_rows)
         elif want and published in self.progress.extra.get("linked", ()):
             # An update committed part of a file it links (never written): link_unchanged links it again.
             current.unlink(missing_ok=True)
@@ -207,18 +207,10 @@ class ZarrWriter(Writer):
         first = self.progress.rows // self.file_rows  # those before were committed (and linked) already
         if files <= first:
             return max(0, files)
-        recorded = json.loads((source / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
-        _, found = open_arrays(source, (BLOCK_SUMS["vectors"],))
-        block_sums = found[BLOCK_SUMS["vectors"]]
-        if block_sums is None:
+        if self._old_cache(source)[2] is None:
             return 0  # a cache without block sums: its files are written again
-        chunks = self.file_rows // int(self.layout.chunk_rows or 1)
         for k in range(first, files):
-            final = vectors_file_path(self.staging, self.layout, k)
-            _link_or_copy(vectors_file_path(source, self.layout, k), final)
-            write_sums_file(sums_path(self.staging, k), np.asarray(block_sums[k * chunks : (k + 1) * chunks]))
-            size, crc = recorded[final.relative_to(self.staging).as_posix()]
-            self._linked[k] = (int(size), int(crc))
+            self._link_file(source, k, k, self.file_rows)
         return files
 
     def link_window(self, old_start: int, new_start: int, count: int) -> None:
@@ -230,21 +222,28 @@ class ZarrWriter(Writer):
         if old_start % f or new_start % f:
             raise ValueError(f"link_window: rows {old_start} and {new_start} must start vectors files of {f} rows")
         for j in range(-(-count // f)):
-            self._link_file(old_start // f + j, new_start // f + j, min(f, count - j * f))
+            self._link_window_file(old_start // f + j, new_start // f + j, min(f, count - j * f))
 
-    def _link_file(self, old: int, k: int, rows: int) -> None:
-        """Vectors file ``old`` of the cache at the output, holding ``rows`` rows, as this build's file ``k``."""
+    def _link_window_file(self, old: int, k: int, rows: int) -> None:
+        """File ``old`` of a window linked whole, as this build's file ``k`` (recorded: a resume takes it again)."""
+        self._link_file(self.output, old, k, rows)
+        self._window_links[k] = old
+
+    def _old_cache(self, source: Path) -> tuple[dict[str, Any], Any, Any]:
+        """The cache an update replaces: its checksums.json entries, its vectors and their block sums (None in a
+        cache without them), read once."""
         if self._source is None:
-            recorded = json.loads((self.output / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
-            _, found = open_arrays(self.output, ("vectors", BLOCK_SUMS["vectors"]))
-            rows_array, sums_array = found["vectors"], found[BLOCK_SUMS["vectors"]]
-            assert rows_array is not None and sums_array is not None, "an update links only from a cache with sums"
-            self._source = (recorded, rows_array, sums_array)
-        recorded, vectors, stored_sums = self._source
-        source, final = (
-            vectors_file_path(self.output, self.layout, old),
-            vectors_file_path(self.staging, self.layout, k),
-        )
+            recorded = json.loads((source / CHECKSUMS_FILE).read_text(encoding="utf-8"))["files"]
+            _, found = open_arrays(source, ("vectors", BLOCK_SUMS["vectors"]))
+            self._source = (recorded, found["vectors"], found[BLOCK_SUMS["vectors"]])
+        return self._source
+
+    def _link_file(self, cache: Path, old: int, k: int, rows: int) -> None:
+        """Vectors file ``old`` of the cache at ``cache``, holding ``rows`` rows, as this build's file ``k``:
+        hard-linked with its block sums, its recorded size and CRC-32 reused."""
+        recorded, vectors, stored_sums = self._old_cache(cache)
+        assert stored_sums is not None, "an update links files only from a cache with block sums"
+        source, final = vectors_file_path(cache, self.layout, old), vectors_file_path(self.staging, self.layout, k)
         _link_or_copy(source, final)
         chunk = int(self.layout.chunk_rows or 1)
         present, tail = -(-rows // chunk), rows % chunk
@@ -256,9 +255,8 @@ class ZarrWriter(Writer):
             start = old * self.file_rows + rows - tail
             sums[-1] = file_block_sums(np.asarray(vectors[start : start + tail]), self.layout, short=True)[-1]
         write_sums_file(sums_path(self.staging, k), sums)
-        size, crc = recorded[source.relative_to(self.output).as_posix()]
+        size, crc = recorded[source.relative_to(cache).as_posix()]
         self._linked[k] = (int(size), int(crc))
-        self._window_links[k] = old
 
     def _append_vectors(self, vectors: np.ndarray, gap: int = 0) -> None:
         # The window's rows cut at file boundaries: each file gets one piece, so the pieces are written side by
@@ -272,7 +270,7 @@ class ZarrWriter(Writer):
             filled.append(k)
             summer = self._summers.get(k)
             if summer is not None:  # the last block is a whole chunk (its padding reads as zeros): summed whole
-                summer.update(bytes(-self._rows % int(self.layout.chunk_rows or 1) * self.layout.row_bytes))
+                summer.pad_block()
         done, rows, n = 0, self._rows + gap, len(vectors)
         while done < n:
             k = rows // self.file_rows
