@@ -16,6 +16,7 @@ corpus afresh and compares the two caches byte for byte (the metadata's ``build`
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,7 @@ def copy_cache(source: Path, target: Path) -> None:
         shutil.copytree(source, target)
     else:
         shutil.copy2(source, target)
+    os.sync()  # the copy's dirty pages on disk before an update is timed, not written out during it
 
 
 def last_window_tokens(cache: Path, window_tokens: int) -> int:
@@ -126,7 +128,11 @@ def main() -> None:
                     f"{summary.windows_encoded} windows encoded, {summary.windows_reused} reused, "
                     f"{summary.lines_encoded:,} lines encoded ("
                     f"{'batch-free rows: single sentences copied' if summary.batch_free else 'whole windows'}), "
-                    f"{summary.files_linked} vectors files kept"
+                    + (
+                        f"{summary.rows_taken:,} rows copied from the old file at the finish (not staged)"
+                        if suffix == ".h5"
+                        else f"{summary.files_linked} vectors files kept"
+                    )
                 )
                 if args.check:
                     fresh = work / f"fresh{suffix}"

@@ -269,7 +269,7 @@ def _encode_window(
             bar.update(len(window.tokens))
         vectors, pooled, linked_from = reused
         if linked_from is not None and stored is not None:
-            counts.files_linked += -(-len(vectors) // max(1, stored.link_rows))
+            counts.count_linked(len(vectors), stored.link_rows)
         return _Encoded(vectors, offsets, window.lengths, window.hashes, 0, window.tokens, pooled, first, linked_from)
     progress = None if bar is None else bar.update  # sentences as they are encoded, not as windows are written
     sources = stored.sources(window, new) if stored is not None else None
@@ -412,16 +412,21 @@ class LocalRun:
                 stored.usable = self._same_codebooks()
                 stored.batch_free = rows_batch_free(self.encoder)
                 self.counts.batch_free = stored.batch_free
-                link = getattr(self.writer, "link_unchanged", None)  # zarr: whole vectors files kept
+                # zarr: whole vectors files kept; HDF5: runs of rows the finish copies from the old file.
+                link = getattr(self.writer, "link_unchanged", None)
                 layout = self.writer.layout
                 same_files = all(self.updating.get(key) == getattr(layout, key) for key in ("chunk_rows", "shard_rows"))
                 # A re-chunked cache's files are all new, and so are those of a cache whose windows did not start
                 # files of their own (windows version 2): its rows sit elsewhere in its files than in this build's.
-                if link is not None and stored.usable and same_files and stored.files_per_window:
-                    self.counts.files_linked = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
-                    stored.kept_rows = self.counts.files_linked * self.writer.file_rows  # type: ignore[attr-defined]
-                    # A reused window's files taken whole wherever it moved (a cache whose windows start files).
-                    stored.link_rows = self.writer.file_rows  # type: ignore[attr-defined]
+                # An HDF5 cache's rows are taken a row at a time (file_rows 1): any run of them, in any version.
+                file_rows = int(getattr(self.writer, "file_rows", 0))
+                if link is not None and stored.usable and same_files and (stored.files_per_window or file_rows == 1):
+                    kept = link(job.plan.output, stored.unchanged_rows(self.unchanged_lines))
+                    self.counts.count_linked(kept * file_rows, file_rows)
+                    stored.kept_rows = kept * file_rows
+                    # A reused window's rows taken whole wherever it moved (its files, in a zarr cache whose
+                    # windows start files), unless the cache has no block sums to check them by.
+                    stored.link_rows = file_rows if "vectors" in stored.guards else 0
             _run(
                 job.source,
                 job.plan,

@@ -122,6 +122,8 @@ class BuildSummary:
     lines_reused: int = 0
     # zarr, an update: vectors files of the old cache kept as they are (hard links: their bytes not written again).
     files_linked: int = 0
+    # HDF5, an update: rows of the old cache copied into the new file at the finish, never staged.
+    rows_taken: int = 0
     # An update on a device whose rows are batch-free: a changed window's unchanged sentences were copied one by
     # one (counted in lines_reused; lines_encoded counts the lines encoded), not the whole window encoded again.
     batch_free: bool = False
@@ -146,6 +148,7 @@ class BuildSummary:
                 f"the rows of {self.lines_reused:,} lines reused"
                 + ("" if self.batch_free else " (rows depend on their batch on this device: whole windows encoded)")
                 + (f", {self.files_linked:,} vectors files kept as they were" if self.files_linked else "")
+                + (f", {self.rows_taken:,} rows copied from the old file (not staged)" if self.rows_taken else "")
             )
         engine = ""
         if self.engine != "local":

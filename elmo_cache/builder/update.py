@@ -71,9 +71,19 @@ class WindowCounts:
     lines_reused: int = 0
     # zarr: vectors files of the updated cache taken as they are (hard links), not written again.
     files_linked: int = 0
+    # HDF5: rows of the updated cache its finish copies into the new file, never staged (written once, not twice).
+    rows_taken: int = 0
     # Whether this device's rows were batch-free: a changed window's unchanged sentences were copied one by one
     # (their lines count as reused, the window as encoded when any of its lines was).
     batch_free: bool = False
+
+    def count_linked(self, rows: int, file_rows: int) -> None:
+        """Count ``rows`` rows a writer takes from the cache it replaces, in units of ``file_rows``-row files (zarr)
+        or one row (HDF5: :attr:`rows_taken`)."""
+        if file_rows == 1:
+            self.rows_taken += rows
+        elif file_rows > 1:
+            self.files_linked += -(-rows // file_rows)
 
     def summary(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -259,8 +269,9 @@ class StoredWindows:
         with_rows = np.flatnonzero(new & (lengths > 0))
         start = int(self.offsets[first + with_rows[0]]) if len(with_rows) else 0
         link = None
-        if self.token_rows and count and self.link_rows and self.files_per_window and start >= self.kept_rows:
-            link = start  # the window's files, whole: start is a file's first row in such a cache
+        whole_files = self.files_per_window or self.link_rows == 1  # zarr: files of their own; HDF5: any rows
+        if self.token_rows and count and self.link_rows and whole_files and start >= self.kept_rows:
+            link = start  # the window's files, whole (start is a file's first row in such a cache), or its rows
         if not self.token_rows or start + count <= self.kept_rows or link is not None:
             # Rows the writer counts but does not write: a pool-only cache stores none, and the writer keeps the
             # old cache's files holding these as they are.

@@ -145,6 +145,14 @@ class RawColumn:
         if array.size:
             self._handle().write(array.data.cast("B"))
 
+    def skip(self, count: int) -> None:
+        """Append ``count`` items that are not written: a hole in the file (no disk), read as zeros."""
+        if count > 0:
+            handle = self._handle()
+            end = handle.tell() + count * self.item_bytes
+            handle.truncate(end)
+            handle.seek(end)
+
     def sync(self) -> None:
         handle = self._handle()
         handle.flush()
@@ -160,6 +168,20 @@ class RawColumn:
         if count == 0:
             return np.empty((0, *self.item_shape), dtype=self.dtype)
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(count, *self.item_shape))
+
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """Items ``start:start + len(out)`` read into ``out`` (C-contiguous, of this column's dtype and item shape)."""
+        if out.dtype != self.dtype or out.shape[1:] != self.item_shape or not out.flags.c_contiguous:
+            raise ValueError(f"{self.path}: read_into needs a C-contiguous {self.dtype} array of {self.item_shape}")
+        view = out.data.cast("B")
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(start * self.item_bytes)
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise CacheFormatError(f"{self.path}: ends before item {start + len(out)}; staging is damaged")
+                done += got
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Items ``[start, stop)`` read into memory (no map: the pages do not stay in the process)."""
@@ -262,6 +284,9 @@ class ChunkedColumn(RawColumn):
             super().open(rest)
         finally:
             self.path = saved
+
+    def skip(self, count: int) -> None:
+        raise NotImplementedError(f"{self.path}: a column kept in files has no holes")
 
     def append(self, data: np.ndarray) -> None:
         array = np.ascontiguousarray(data, dtype=self.dtype)

@@ -134,6 +134,19 @@ class PositionedRows(ChunkedArray):
 
     _rows = rows
 
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """Rows ``start:start + len(out)`` read into ``out`` (C-contiguous, of this array's dtype and row shape): a
+        caller copying many rows reuses one buffer instead of a fresh array per read (fresh memory is slow to fill)."""
+        if out.dtype != self.dtype or out.shape[1:] != self._tail or not out.flags.c_contiguous:
+            raise ValueError(f"read_into: {self.name!r} rows are {self.dtype} {self._tail}, C-contiguous")
+        size, at, n = self.chunk_rows, 0, len(out)
+        c, r = divmod(start, size)
+        while at < n:
+            take = min(size - r, n - at)
+            self._fill(c, r, out[at : at + take])
+            at += take
+            c, r = c + 1, 0
+
     def _fill(self, c: int, r: int, out: np.ndarray) -> None:
         source = self._source(c)
         if isinstance(source, np.ndarray):

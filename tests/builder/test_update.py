@@ -252,21 +252,30 @@ def test_an_update_of_a_pq_cache_equals_a_fresh_build(tmp_path, tiny_encoder):
         assert (summary.lines_reused > 0) is reused, summary
 
 
-def test_a_resumed_update_equals_an_uninterrupted_one(tmp_path, tiny_encoder):
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_resumed_update_equals_an_uninterrupted_one(tmp_path, tiny_encoder, suffix):
+    """An update killed after it committed windows it reused whole (linked files, or HDF5 rows taken from the old
+    file) resumes from its commit and ends with a fresh build's bytes."""
     old = corpus_lines(N, seed=13)
-    new = edited(old, "insert")
+    fifth = len(old) // 5
+    new = [*old[:fifth], "a new line . inserted early", *old[fifth:-fifth], "and one late .", *old[-fifth:]]
     corpus = write_corpus(tmp_path / "c.txt", old)
-    output = tmp_path / "c.zarr"
+    output = tmp_path / f"c{suffix}"
     options = {**SIZES, "progress": False, "commit_seconds": 0}
     build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
     write_corpus(corpus, new)
     original = tiny_encoder.encode_flat
+    calls = [0]
 
     def failing(sentences):
-        raise RuntimeError("simulated crash")
+        calls[0] += 1
+        if calls[0] > 1:
+            raise RuntimeError("simulated crash")
+        return original(sentences)
 
     rows_batch_free(tiny_encoder)  # the update's check, done before the encoder fails
-    tiny_encoder.encode_flat = failing  # the first window to encode is the inserted line's, mid-corpus
+    # The first window to encode (the early line's) is encoded; the late line's fails, after the windows between.
+    tiny_encoder.encode_flat = failing
     try:
         with pytest.raises(RuntimeError, match="simulated crash"):
             build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
@@ -274,11 +283,15 @@ def test_a_resumed_update_equals_an_uninterrupted_one(tmp_path, tiny_encoder):
         del tiny_encoder.encode_flat
     assert tiny_encoder.encode_flat == original
     assert staging_path(output).exists()
+    # Committed before the crash: windows reused whole after the early line (their files or rows to take).
+    extra = json.loads((staging_path(output) / BUILD_DIR / "progress.json").read_text(encoding="utf-8"))["extra"]
+    assert len(extra["hdf5_taken"]) > 1 if suffix == ".h5" else extra["window_links"], extra
     with elmo_cache.open(output) as cache:  # the old cache is still there, whole
         assert len(cache) == len(old) and verify(output).ok
     summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
     assert summary.resumed_from > 0 and summary.updated
-    fresh = tmp_path / "fresh.zarr"
+    assert (summary.files_linked if suffix == ".zarr" else summary.rows_taken) > 0
+    fresh = tmp_path / f"fresh{suffix}"
     build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
     assert_same_bytes(output, fresh)
 
@@ -924,3 +937,110 @@ def test_a_cache_whose_windows_did_not_start_files_is_updated_to_a_fresh_build(t
     assert_same_bytes(output, fresh)
     assert summary.files_linked == 0 and summary.lines_reused >= len(old) - 40
     assert elmo_cache.open(output).metadata["windows"]["version"] == 3
+
+
+# -- an HDF5 update takes the rows it reuses from the old file at its finish ----------------------------------------
+
+
+def _holes_reported(where: Path) -> bool:
+    """Whether the file system under ``where`` keeps a file's holes off the disk (st_blocks tells)."""
+    probe = where / "sparse.probe"
+    with open(probe, "wb") as f:
+        f.truncate(8 * 2**20)
+    sparse = probe.stat().st_blocks * 512 < 2**20
+    probe.unlink()
+    return sparse
+
+
+@pytest.mark.parametrize("edit", ["insert", "append"])
+def test_an_hdf5_update_stages_only_the_rows_it_encodes(tmp_path, tiny_encoder, monkeypatch, edit):
+    """The rows an HDF5 update reuses (the lines before its first change, every window reused whole) are not
+    staged: the staged vectors hold holes there, and the finish copies them from the old file into the new one,
+    which still equals a fresh build. Only the windows cut anew are staged."""
+    from elmo_cache.store.hdf5.writer import Hdf5Writer
+
+    old, new, corpus, output, options = built(tmp_path, tiny_encoder, ".h5", edit, {}, seed=43)
+    staged: dict[str, int] = {}
+    finalize = Hdf5Writer.finalize
+
+    def measured(writer, metadata):
+        path = writer.build_dir / "vectors.bin"
+        staged.update(size=path.stat().st_size, disk=path.stat().st_blocks * 512)
+        rows = np.fromfile(path, dtype=np.uint8).reshape(writer.stored_rows, -1)
+        staged["zero_rows"] = int((~rows.any(axis=1)).sum())  # never written (an encoded row is never all zeros)
+        return finalize(writer, metadata)
+
+    monkeypatch.setattr(Hdf5Writer, "finalize", measured)
+    write_corpus(corpus, new)
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    monkeypatch.undo()
+    fresh = tmp_path / "fresh.h5"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)
+
+    # The rows the update had to stage, from the windows alone: those of each window no window of the old corpus
+    # is, from the first changed line on (the lines before it sit where the old cache holds them).
+    lengths = [len(tokenize(line)) for line in new]
+    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    old_windows, line, to_stage = set(windows_of(old, WINDOW_TOKENS)), 0, 0
+    for window in windows_of(new, WINDOW_TOKENS):
+        if window not in old_windows:
+            to_stage += sum(lengths[max(line, first) : line + len(window)])
+        line += len(window)
+    row_bytes = staged["size"] // sum(lengths)
+    assert 0 < to_stage < sum(lengths) / 3
+    assert summary.rows_taken == sum(lengths) - to_stage == staged["zero_rows"]
+    if _holes_reported(tmp_path):
+        # Each hole's edges may share a 4 KiB page with staged rows.
+        assert staged["disk"] <= to_stage * row_bytes + 2 * 4096 * (summary.windows_reused + 1), (staged, to_stage)
+
+
+def test_an_hdf5_update_refuses_damage_in_the_rows_it_takes_and_loses_nothing(tmp_path, tiny_encoder):
+    """A row the update would take from the old file, damaged there, is found by the old file's block sums at the
+    finish: the update stops naming the dataset, the old cache stays in place as it was (damage and all), and
+    nothing with fresh sums over the damaged bytes is published."""
+    import h5py
+
+    from elmo_cache.errors import CacheCorruptError
+
+    _, new, corpus, output, options = built(tmp_path, tiny_encoder, ".h5", "append", {}, seed=47)
+    with h5py.File(output, "r") as f:
+        where = f["vectors"].id.get_offset() + 7 * f["vectors"].dtype.itemsize  # row 0: a line before the change
+    with open(output, "r+b") as f:
+        f.seek(where)
+        byte = f.read(1)
+        f.seek(where)
+        f.write(bytes([byte[0] ^ 0x10]))
+    damaged = output.read_bytes()
+    write_corpus(corpus, new)
+    with pytest.raises(CacheCorruptError, match="vectors"):
+        build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    assert output.read_bytes() == damaged
+
+
+def test_a_resumed_hdf5_update_refuses_a_cache_replaced_under_it(tmp_path, tiny_encoder):
+    """An interrupted HDF5 update takes the rows it reuses from the cache at the output when it finishes: if
+    another cache was put there meanwhile, the resume refuses (naming the output) instead of copying its rows."""
+    old = corpus_lines(N, seed=53)
+    corpus = write_corpus(tmp_path / "c.txt", old)
+    output = tmp_path / "c.h5"
+    options = {**SIZES, "progress": False, "commit_seconds": 0}
+    build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
+    other = tmp_path / "other.h5"
+    write_corpus(tmp_path / "o.txt", old[:-1])
+    build(tmp_path / "o.txt", BuildOptions(output=other, **options), encoder=tiny_encoder)
+    write_corpus(corpus, edited(old, "insert"))
+
+    def failing(sentences):
+        raise RuntimeError("simulated crash")
+
+    rows_batch_free(tiny_encoder)
+    tiny_encoder.encode_flat = failing
+    try:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    finally:
+        del tiny_encoder.encode_flat
+    os.replace(other, output)  # same options, another corpus: the update would take this one's rows
+    with pytest.raises(elmo_cache.errors.CacheFormatError, match="replaced"):
+        build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)

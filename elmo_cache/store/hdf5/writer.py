@@ -15,10 +15,18 @@ plus one file, not twice the column. A finish killed after some deletions leaves
 half-written ``cache.h5``, at the place the record names; the next run (:meth:`Hdf5Writer._recover_columns`)
 writes the files back from there, last first, cutting ``cache.h5`` short behind each (so that disk stays
 bounded too), deletes it and finishes again from the staged files: the same bytes as a finish never interrupted.
+
+An update (``build --update``). The cache it replaces stays at the output until the finish, so the rows it takes
+from there unchanged (those before the first changed line, :meth:`Hdf5Writer.link_unchanged`, and each window it
+reuses whole, :meth:`Hdf5Writer.link_window`) are not staged: ``vectors.bin`` holds a hole for them (no bytes on
+disk) and the finish reads them from the old file, checked against its block sums, straight into the new one.
+The new file is still written whole (one file, published by a rename), but once, not twice: an HDF5 update writes
+the cache's bytes plus the rows it encoded, where staging every row wrote them twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -28,7 +36,7 @@ import h5py
 import numpy as np
 
 from elmo_cache.errors import CacheFormatError
-from elmo_cache.store.blocksums import BlockSummer, block_sums, sums_listing
+from elmo_cache.store.blocksums import BlockGuard, BlockSummer, block_sums, guards, sums_listing
 from elmo_cache.store.columns import Column
 from elmo_cache.store.durable import ChunkedColumn, RawColumn, atomic_write_json, fsync_path
 from elmo_cache.store.format import (
@@ -39,9 +47,12 @@ from elmo_cache.store.format import (
     SMALL_BLOCK_ROWS,
     block_sums_name,
     checksum,
+    decode_metadata,
     metadata_checksum,
     vector_block_rows,
 )
+from elmo_cache.store.hdf5.read import open_arrays
+from elmo_cache.store.positioned import PositionedRows
 from elmo_cache.store.staging import Layout, Progress, Writer, array_blocks
 
 __all__ = ["Hdf5Writer", "little_endian"]
@@ -62,6 +73,11 @@ FINISH_FILE = "finish.json"
 _STAGED_FILES = "hdf5_staged_files"
 _GROWING = "growing"
 
+# progress.json's extra of an update: the runs of rows taken from the cache it replaces (new start -> [old start,
+# rows]) and a digest of that cache's metadata, so that a resume takes them from the same cache or refuses.
+_TAKEN = "hdf5_taken"
+_TAKEN_FROM = "hdf5_taken_from"
+
 
 def little_endian(data: Any) -> np.ndarray:
     """``data`` as a C-contiguous little-endian array (no copy when it already is one)."""
@@ -75,6 +91,14 @@ class Hdf5Writer(Writer):
     def __init__(self, output: Path, layout: Layout, progress: Progress):
         super().__init__(output, layout, progress)
         self.vectors = RawColumn(self.build_dir / "vectors.bin", layout.dtype, layout.row_shape)
+        # An update takes any run of the replaced cache's rows (one file, rows packed), not whole files: the unit
+        # of link_unchanged and link_window is a row.
+        self.file_rows = 1
+        self._rows = 0  # rows appended, committed or not
+        # An update's runs of rows taken from the cache it replaces at the finish: new start -> (old start, rows).
+        self._taken: dict[int, tuple[int, int]] = {}
+        # That cache's vectors and their block guard, and the digest of its metadata (opened once, by the first run).
+        self._old: tuple[Any, BlockGuard | None, str] | None = None
 
     def _growing_files(self) -> bool:
         """Whether columns staged in chunks have growing files: in a new staging, or one that says so."""
@@ -170,16 +194,100 @@ class Hdf5Writer(Writer):
         pass  # nothing but raw files until the end
 
     def _open_vectors(self) -> None:
-        self.vectors.open(self.stored_rows)
+        rows = self.stored_rows
+        self.vectors.open(rows)
+        self._rows = rows
+        # The runs an interrupted update had committed (cut to its committed rows): their rows are holes here.
+        for new, (old, count) in ((int(k), v) for k, v in self.progress.extra.get(_TAKEN, {}).items()):
+            if new < rows:
+                self._taken[new] = (int(old), min(int(count), rows - new))
+        if self._taken and self._old_cache()[2] != self.progress.extra.get(_TAKEN_FROM):
+            raise CacheFormatError(
+                f"{self.output}: the cache this interrupted update takes rows from was replaced since; rerun the "
+                "update with --overwrite (a full build) or restore that cache"
+            )
+
+    def link_unchanged(self, source: Path, rows: int) -> int:
+        """An update's first ``rows`` rows, which the cache it replaces (at ``source``, the output) holds at the
+        same places (:meth:`StoredWindows.unchanged_rows <elmo_cache.builder.update.StoredWindows.unchanged_rows>`):
+        taken from there by the finish, never staged. Returns the rows taken (0 for a cache without block sums,
+        whose rows are staged as they are appended: a row is never copied unchecked)."""
+        assert source == self.output, "an update replaces the cache at its output"
+        if rows <= 0 or not self.layout.token_rows or self._old_cache()[1] is None:
+            return 0
+        self._taken[0] = (0, rows)
+        return rows
+
+    def link_window(self, old_start: int, new_start: int, count: int) -> None:
+        """An update's window whose ``count`` rows the cache it replaces holds from row ``old_start`` and which
+        this build places from ``new_start``: taken from there by the finish; appended as a hole, never staged."""
+        if new_start != self._rows:
+            raise ValueError(f"link_window: the window's rows start at {new_start}, not after the rows before")
+        if count > 0:
+            self._taken[new_start] = (old_start, count)
+
+    def _old_cache(self) -> tuple[Any, BlockGuard | None, str]:
+        """The cache an update replaces (at the output): its vectors, their block guard (None without block sums)
+        and a digest of its metadata, opened once."""
+        if self._old is None:
+            raw, arrays = open_arrays(self.output, ("vectors", BLOCK_SUMS["vectors"]))
+            meta = decode_metadata(raw) or {}
+            vectors, sums = arrays["vectors"], arrays[BLOCK_SUMS["vectors"]]
+            guard = guards(self.output, meta, {"vectors": vectors}, {"vectors": sums}).get("vectors")
+            digest = hashlib.blake2b(json.dumps(meta, sort_keys=True).encode("utf-8"), digest_size=16).hexdigest()
+            self._old = (vectors, guard, digest)
+        return self._old
+
+    def _taken_runs(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """``(first, stop, old first)`` of each piece of rows ``start:stop`` an update takes from the old cache."""
+        runs = []
+        for new, (old, count) in sorted(self._taken.items()):
+            a, b = max(start, new), min(stop, new + count)
+            if a < b:
+                runs.append((a, b, old + a - new))
+        return runs
 
     def _append_vectors(self, vectors: np.ndarray, gap: int = 0) -> None:
         assert not gap, "an HDF5 layout's windows start where the rows before end (Layout.window_rows is 1)"
-        if len(vectors):
-            self.vectors.append(vectors)
+        start, n = self._rows, len(vectors)
+        done = start
+        for a, b, _ in self._taken_runs(start, start + n):
+            if a > done:
+                self.vectors.append(vectors[done - start : a - start])
+            self.vectors.skip(b - a)  # a hole: the finish reads these rows from the old cache
+            done = b
+        if done < start + n:
+            self.vectors.append(vectors[done - start :])
+        self._rows += n
 
     def _sync_vectors(self) -> dict[str, Any]:
         self.vectors.sync()
-        return {_STAGED_FILES: _GROWING} if self._growing_files() else {}
+        extra: dict[str, Any] = {_STAGED_FILES: _GROWING} if self._growing_files() else {}
+        if self._taken:
+            extra[_TAKEN] = {str(new): [old, count] for new, (old, count) in sorted(self._taken.items())}
+            extra[_TAKEN_FROM] = self._old_cache()[2]
+        return extra
+
+    def _staged_vectors(self, start: int, out: np.ndarray) -> np.ndarray:
+        """Rows ``start:start + len(out)`` of the vectors read into ``out``: staged, or taken from the cache an
+        update replaces (checked against its block sums first: damage there is an error, never copied into the new
+        cache with fresh sums). Returns them little-endian."""
+        at = start
+        for a, b, first in self._taken_runs(start, start + len(out)):
+            if a > at:
+                self.vectors.read_into(at, out[at - start : a - start])
+            old, guard, _ = self._old_cache()
+            assert guard is not None, "rows are taken only from a cache with block sums"
+            guard.check_rows(first, first + b - a)
+            target = out[a - start : b - start]
+            if isinstance(old, PositionedRows) and old.dtype == target.dtype:
+                old.read_into(first, target)
+            else:  # another byte order than this machine's staging
+                target[...] = np.asarray(old[first : first + b - a])
+            at = b
+        if at < start + len(out):
+            self.vectors.read_into(at, out[at - start :])
+        return little_endian(out)
 
     def _close_vectors(self) -> None:
         self.vectors.close()
@@ -200,13 +308,17 @@ class Hdf5Writer(Writer):
             block_rows = vector_block_rows(self.layout.row_bytes, None)
             step = max(1, _COPY_BYTES // max(1, self.layout.row_bytes * block_rows)) * block_rows
             crc, sums = 0, []
+            # Read, not memory-mapped (a map's pages would stay in the process, all the vectors by the end), into
+            # one buffer: a fresh array per step would be fresh memory, slow to fill (benchmarks/RESULTS.md).
+            buffer = np.empty((min(rows, step), *self.layout.row_shape), dtype=self.vectors.dtype)
             for start in range(0, rows, step):
-                # Read, not memory-mapped: a map's pages would stay in the process, all the vectors by the end.
-                block = little_endian(self.vectors.read_range(start, min(rows, start + step)))
+                block = self._staged_vectors(start, buffer[: min(rows, start + step) - start])
                 dataset[start : start + step] = block
                 crc = checksum(block, crc)
                 sums.append(block_sums(block, block_rows))
             crcs["vectors"] = crc
+            del buffer
+            self._old = None  # its descriptor goes with it: the replaced file's disk is freed once it is unlinked
             all_sums = {BLOCK_SUMS["vectors"]: np.concatenate(sums) if sums else np.empty(0, np.uint32)}
             optional: dict[str, int] = {}  # block rows of the optional arrays written (pooled)
             declared = self.array_columns()
