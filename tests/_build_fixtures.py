@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from dataclasses import dataclass
@@ -149,3 +150,21 @@ def placed_offsets(token_lists: list[list[str]], meta: dict, cuts: tuple[int, ..
             offsets.append(row)
             row += n
     return np.array(offsets, dtype=np.int64)
+
+
+@contextlib.contextmanager
+def failing_on(encoder, batch: int):
+    """The encoder raises on its ``batch``-th batch (a crash in the middle of a build)."""
+    real, calls = encoder.encode_flat, [0]
+
+    def encode_flat(sentences):
+        calls[0] += 1
+        if calls[0] == batch:
+            raise RuntimeError("simulated crash")
+        return real(sentences)
+
+    encoder.encode_flat = encode_flat
+    try:
+        yield
+    finally:
+        del encoder.encode_flat

@@ -53,6 +53,7 @@ from elmo_cache.builder.update import StoredWindows, WindowCounts, copy_and_enco
 from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.errors import CorpusChangedError, CorpusError, ElmoCacheError, InvalidParameterError
 from elmo_cache.store import OutputKind, OutputState, Progress, Writer, open_cache_arrays, staging_path, writer_class
+from elmo_cache.store.format import metadata_digest
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.text.tokenize import sentence_hash
 
@@ -372,7 +373,8 @@ class LocalRun:
                 assert found.progress is not None
                 self.writer = cls.resume(plan.output, layout, found.progress)
             else:
-                progress = Progress(identity=job.identity, started=_now(), windows=self.windows)
+                updating = None if self.updating is None else metadata_digest(self.updating)
+                progress = Progress(identity=job.identity, started=_now(), windows=self.windows, updating=updating)
                 meta = metadata(
                     job.identity,
                     progress,

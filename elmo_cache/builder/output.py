@@ -14,7 +14,7 @@ from elmo_cache.builder.plan import Plan, comparable_identity, differences
 from elmo_cache.errors import CacheExistsError
 from elmo_cache.store import OutputKind, OutputState, inspect_output, load_progress, remove_output
 from elmo_cache.store.durable import finish_interrupted_publish
-from elmo_cache.store.format import BUILD_DIR, staging_path
+from elmo_cache.store.format import BUILD_DIR, metadata_digest, staging_path
 from elmo_cache.text.corpus import Corpus
 
 if TYPE_CHECKING:
@@ -104,7 +104,13 @@ def _update_state(plan: Plan, identity: dict[str, Any], meta: dict[str, Any], un
     corpus as any resume's are), else a fresh staging beside the cache."""
     staging = staging_path(plan.output)
     progress = load_progress(plan.output) if staging.exists() else None
-    if progress is not None and comparable_identity(progress.identity) == comparable_identity(identity):
+    # An interrupted update takes rows and files from the cache at the output: only while it is the one the update
+    # began from (not another cache put there since, nor an update begun without that record: started again).
+    if (
+        progress is not None
+        and progress.updating == metadata_digest(meta)
+        and comparable_identity(progress.identity) == comparable_identity(identity)
+    ):
         return OutputState(
             OutputKind.RESUMABLE, plan.format, progress=progress, updating=meta, unchanged_lines=unchanged
         )

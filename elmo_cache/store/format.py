@@ -7,6 +7,7 @@ change of this module and FORMAT.md, nowhere else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from collections.abc import Callable
@@ -238,6 +239,14 @@ def metadata_checksum(meta: dict[str, Any]) -> int:
     """CRC-32 of the metadata's canonical JSON, leaving out ``checksums`` itself and the ``build`` log."""
     kept = {k: v for k, v in meta.items() if k not in ("checksums", "build")}
     return zlib.crc32(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+
+
+def metadata_digest(meta: dict[str, Any]) -> str:
+    """A digest of the whole metadata, the build's record and checksums included: it tells one build of a cache from
+    any other (an interrupted update records the one it replaces, :attr:`Progress.updating
+    <elmo_cache.store.staging.Progress.updating>`)."""
+    canonical = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return hashlib.blake2b(canonical, digest_size=16).hexdigest()
 
 
 def staging_path(output: Path) -> Path:

@@ -188,6 +188,10 @@ class Progress:
     # How the build cuts the corpus into windows (the metadata's ``windows``), so that a resume knows the rule
     # the committed lines were cut by; None in a build started before windows were cut by content.
     windows: dict[str, Any] | None = None
+    # An update (build --update): the digest of the metadata of the cache it replaces (store.format.metadata_digest),
+    # whose rows and files it takes from the output; a resume goes on only while that cache is still there. None: a
+    # build, or an update begun by an elmo-cache that did not record it.
+    updating: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

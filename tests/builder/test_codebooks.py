@@ -15,8 +15,7 @@ from elmo_cache.builder.codebooks import compare_with_int8, larger_than_int8
 from elmo_cache.builder.plan import make_plan
 from elmo_cache.store.format import CODEBOOKS
 from elmo_cache.text.corpus import Corpus
-from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus
-from tests.builder.test_resume import failing_on
+from tests._build_fixtures import corpus_lines, failing_on, raw_arrays, write_corpus
 from tests.rows.test_pq import _training_calls
 
 pytest.importorskip("faiss")

@@ -123,7 +123,7 @@ def test_sample_catches_a_wrong_pool(tmp_path, tiny_encoder, monkeypatch):
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_build(tmp_path, tiny_encoder):
-    from tests.builder.test_resume import failing_on
+    from tests._build_fixtures import failing_on
 
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(120, seed=5))
     options = dict(batch_tokens=40, window_batches=2, commit_seconds=0, progress=False, pool="mean", dedupe=True)

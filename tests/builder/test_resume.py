@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -20,25 +19,7 @@ from elmo_cache.builder import BuildOptions, build
 from elmo_cache.errors import CacheExistsError, CorpusChangedError, ElmoCacheError
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
-
-
-@contextlib.contextmanager
-def failing_on(encoder, batch: int):
-    """The encoder raises on its ``batch``-th batch (a crash in the middle of a build)."""
-    real, calls = encoder.encode_flat, [0]
-
-    def encode_flat(sentences):
-        calls[0] += 1
-        if calls[0] == batch:
-            raise RuntimeError("simulated crash")
-        return real(sentences)
-
-    encoder.encode_flat = encode_flat
-    try:
-        yield
-    finally:
-        del encoder.encode_flat
+from tests._build_fixtures import assert_same_cache, corpus_lines, failing_on, write_corpus
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,7 @@ from elmo_cache.builder.sizes import SMALL_CORPUS_CHUNKS
 from elmo_cache.errors import CacheExistsError
 from elmo_cache.text.corpus import Corpus
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
-from tests.builder.test_resume import failing_on
+from tests._build_fixtures import assert_same_cache, corpus_lines, failing_on, raw_arrays, write_corpus
 
 # The bundled model's three float32 layers of 256: the byte rule gives 1024 rows (3 MiB) per chunk.
 BUNDLED_ROW_BYTES = 3 * 256 * 4

@@ -25,11 +25,11 @@ from elmo_cache.builder.encoding import WindowCutter
 from elmo_cache.encoder.batch_free import rows_batch_free
 from elmo_cache.errors import CacheExistsError, InvalidParameterError
 from elmo_cache.rows.selection import MixSpec
-from elmo_cache.store import open_cache_arrays, staging_path
+from elmo_cache.store import load_progress, open_cache_arrays, staging_path
 from elmo_cache.store.format import BUILD_DIR
 from elmo_cache.text.tokenize import sentence_hash, tokenize
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import corpus_lines, raw_arrays, write_corpus
+from tests._build_fixtures import corpus_lines, failing_on, raw_arrays, write_corpus
 
 # Windows of about 320 tokens (20 lines): a few hundred lines make dozens of windows.
 SIZES = {"batch_tokens": 40, "window_batches": 8}
@@ -264,24 +264,10 @@ def test_a_resumed_update_equals_an_uninterrupted_one(tmp_path, tiny_encoder, su
     options = {**SIZES, "progress": False, "commit_seconds": 0}
     build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
     write_corpus(corpus, new)
-    original = tiny_encoder.encode_flat
-    calls = [0]
-
-    def failing(sentences):
-        calls[0] += 1
-        if calls[0] > 1:
-            raise RuntimeError("simulated crash")
-        return original(sentences)
-
     rows_batch_free(tiny_encoder)  # the update's check, done before the encoder fails
     # The first window to encode (the early line's) is encoded; the late line's fails, after the windows between.
-    tiny_encoder.encode_flat = failing
-    try:
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
-    finally:
-        del tiny_encoder.encode_flat
-    assert tiny_encoder.encode_flat == original
+    with failing_on(tiny_encoder, 2), pytest.raises(RuntimeError, match="simulated crash"):
+        build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
     assert staging_path(output).exists()
     # Committed before the crash: windows reused whole after the early line (their files or rows to take).
     extra = json.loads((staging_path(output) / BUILD_DIR / "progress.json").read_text(encoding="utf-8"))["extra"]
@@ -1018,29 +1004,29 @@ def test_an_hdf5_update_refuses_damage_in_the_rows_it_takes_and_loses_nothing(tm
     assert output.read_bytes() == damaged
 
 
-def test_a_resumed_hdf5_update_refuses_a_cache_replaced_under_it(tmp_path, tiny_encoder):
-    """An interrupted HDF5 update takes the rows it reuses from the cache at the output when it finishes: if
-    another cache was put there meanwhile, the resume refuses (naming the output) instead of copying its rows."""
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_an_interrupted_update_of_a_cache_replaced_since_starts_again(tmp_path, tiny_encoder, suffix):
+    """An interrupted update takes rows and files from the cache at the output: when another cache was put there
+    since (same options, another corpus), the next update does not resume from the first one's commits but starts
+    again from the cache it finds, and ends with a fresh build's bytes."""
     old = corpus_lines(N, seed=53)
     corpus = write_corpus(tmp_path / "c.txt", old)
-    output = tmp_path / "c.h5"
+    output = tmp_path / f"c{suffix}"
     options = {**SIZES, "progress": False, "commit_seconds": 0}
     build(corpus, BuildOptions(output=output, **options), encoder=tiny_encoder)
-    other = tmp_path / "other.h5"
-    write_corpus(tmp_path / "o.txt", old[:-1])
-    build(tmp_path / "o.txt", BuildOptions(output=other, **options), encoder=tiny_encoder)
-    write_corpus(corpus, edited(old, "insert"))
-
-    def failing(sentences):
-        raise RuntimeError("simulated crash")
-
-    rows_batch_free(tiny_encoder)
-    tiny_encoder.encode_flat = failing
-    try:
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
-    finally:
-        del tiny_encoder.encode_flat
-    os.replace(other, output)  # same options, another corpus: the update would take this one's rows
-    with pytest.raises(elmo_cache.errors.CacheFormatError, match="replaced"):
+    other = tmp_path / f"other{suffix}"
+    other_corpus = write_corpus(tmp_path / "o.txt", corpus_lines(N, seed=54))
+    build(other_corpus, BuildOptions(output=other, **options), encoder=tiny_encoder)
+    fifth = len(old) // 5
+    write_corpus(corpus, [*old[:fifth], "a new line . inserted early", *old[fifth:-fifth], "one late .", *old[-fifth:]])
+    rows_batch_free(tiny_encoder)  # the update's check, done before the encoder fails
+    with failing_on(tiny_encoder, 2), pytest.raises(RuntimeError, match="simulated crash"):
         build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    assert load_progress(output).lines > 0  # commits to resume from, were it the same cache
+    shutil.rmtree(output) if output.is_dir() else output.unlink()
+    other.rename(output)
+    summary = build(corpus, BuildOptions(output=output, update=True, **options), encoder=tiny_encoder)
+    assert summary.updated and summary.resumed_from == 0
+    fresh = tmp_path / f"fresh{suffix}"
+    build(corpus, BuildOptions(output=fresh, **options), encoder=tiny_encoder)
+    assert_same_bytes(output, fresh)

@@ -29,8 +29,7 @@ from elmo_cache.rows.codecs import (
 from elmo_cache.rows.selection import MixSpec, Selection
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import assert_same_cache, corpus_lines, write_corpus
-from tests.builder.test_resume import failing_on
+from tests._build_fixtures import assert_same_cache, corpus_lines, failing_on, write_corpus
 from tests.contracts.codec import CodecContract
 
 # -- a codec from outside: int16 fixed point, 1/256 a step ------------------------------------------

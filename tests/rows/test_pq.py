@@ -21,8 +21,7 @@ from elmo_cache.rows.pq import PQSentence, ProductQuantization, Training
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.store.format import CODEBOOKS
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
-from tests.builder.test_resume import failing_on
+from tests._build_fixtures import assert_same_cache, corpus_lines, failing_on, raw_arrays, write_corpus
 
 faiss = pytest.importorskip("faiss")
 

@@ -18,8 +18,7 @@ from elmo_cache.rows.quantize import Quantization, QuantizedSentence
 from elmo_cache.rows.selection import MixSpec
 from elmo_cache.store import load_progress, staging_path
 from elmo_cache.verify.checks import verify
-from tests._build_fixtures import assert_same_cache, corpus_lines, raw_arrays, write_corpus
-from tests.builder.test_resume import failing_on
+from tests._build_fixtures import assert_same_cache, corpus_lines, failing_on, raw_arrays, write_corpus
 
 MIX = MixSpec.from_raw([0.2, 0.3, 0.5], gamma=1.5)
 

@@ -123,8 +123,7 @@ def test_seen_sentences_rebuild_on_disk_equals_in_memory(tmp_path, monkeypatch):
 def test_resume_with_dedupe_on_disk_equals_an_uninterrupted_build(tmp_path, tiny_encoder, monkeypatch):
     from elmo_cache.builder import BuildOptions, build, dedupe
     from elmo_cache.store import load_progress, open_with_library
-    from tests._build_fixtures import corpus_lines, write_corpus
-    from tests.builder.test_resume import failing_on
+    from tests._build_fixtures import corpus_lines, failing_on, write_corpus
 
     monkeypatch.setattr(dedupe, "MEMORY_ITEMS", 4)
     corpus = write_corpus(tmp_path / "c.txt", corpus_lines(160, seed=3))

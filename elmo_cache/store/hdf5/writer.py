@@ -26,7 +26,6 @@ the cache's bytes plus the rows it encoded, where staging every row wrote them t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -74,9 +73,8 @@ _STAGED_FILES = "hdf5_staged_files"
 _GROWING = "growing"
 
 # progress.json's extra of an update: the runs of rows taken from the cache it replaces (new start -> [old start,
-# rows]) and a digest of that cache's metadata, so that a resume takes them from the same cache or refuses.
+# rows]); a resume goes on only while that cache is at the output (Progress.updating).
 _TAKEN = "hdf5_taken"
-_TAKEN_FROM = "hdf5_taken_from"
 
 
 def little_endian(data: Any) -> np.ndarray:
@@ -97,8 +95,8 @@ class Hdf5Writer(Writer):
         self._rows = 0  # rows appended, committed or not
         # An update's runs of rows taken from the cache it replaces at the finish: new start -> (old start, rows).
         self._taken: dict[int, tuple[int, int]] = {}
-        # That cache's vectors and their block guard, and the digest of its metadata (opened once, by the first run).
-        self._old: tuple[Any, BlockGuard | None, str] | None = None
+        # That cache's vectors and their block guard (opened once, by the first run).
+        self._old: tuple[Any, BlockGuard | None] | None = None
 
     def _growing_files(self) -> bool:
         """Whether columns staged in chunks have growing files: in a new staging, or one that says so."""
@@ -201,11 +199,6 @@ class Hdf5Writer(Writer):
         for new, (old, count) in ((int(k), v) for k, v in self.progress.extra.get(_TAKEN, {}).items()):
             if new < rows:
                 self._taken[new] = (int(old), min(int(count), rows - new))
-        if self._taken and self._old_cache()[2] != self.progress.extra.get(_TAKEN_FROM):
-            raise CacheFormatError(
-                f"{self.output}: the cache this interrupted update takes rows from was replaced since; rerun the "
-                "update with --overwrite (a full build) or restore that cache"
-            )
 
     def link_unchanged(self, source: Path, rows: int) -> int:
         """An update's first ``rows`` rows, which the cache it replaces (at ``source``, the output) holds at the
@@ -226,16 +219,14 @@ class Hdf5Writer(Writer):
         if count > 0:
             self._taken[new_start] = (old_start, count)
 
-    def _old_cache(self) -> tuple[Any, BlockGuard | None, str]:
-        """The cache an update replaces (at the output): its vectors, their block guard (None without block sums)
-        and a digest of its metadata, opened once."""
+    def _old_cache(self) -> tuple[Any, BlockGuard | None]:
+        """The cache an update replaces (at the output): its vectors and their block guard (None without block
+        sums), opened once."""
         if self._old is None:
             raw, arrays = open_arrays(self.output, ("vectors", BLOCK_SUMS["vectors"]))
-            meta = decode_metadata(raw) or {}
             vectors, sums = arrays["vectors"], arrays[BLOCK_SUMS["vectors"]]
-            guard = guards(self.output, meta, {"vectors": vectors}, {"vectors": sums}).get("vectors")
-            digest = hashlib.blake2b(json.dumps(meta, sort_keys=True).encode("utf-8"), digest_size=16).hexdigest()
-            self._old = (vectors, guard, digest)
+            meta = decode_metadata(raw) or {}
+            self._old = (vectors, guards(self.output, meta, {"vectors": vectors}, {"vectors": sums}).get("vectors"))
         return self._old
 
     def _taken_runs(self, start: int, stop: int) -> list[tuple[int, int, int]]:
@@ -265,7 +256,6 @@ class Hdf5Writer(Writer):
         extra: dict[str, Any] = {_STAGED_FILES: _GROWING} if self._growing_files() else {}
         if self._taken:
             extra[_TAKEN] = {str(new): [old, count] for new, (old, count) in sorted(self._taken.items())}
-            extra[_TAKEN_FROM] = self._old_cache()[2]
         return extra
 
     def _staged_vectors(self, start: int, out: np.ndarray) -> np.ndarray:
@@ -276,7 +266,7 @@ class Hdf5Writer(Writer):
         for a, b, first in self._taken_runs(start, start + len(out)):
             if a > at:
                 self.vectors.read_into(at, out[at - start : a - start])
-            old, guard, _ = self._old_cache()
+            old, guard = self._old_cache()
             assert guard is not None, "rows are taken only from a cache with block sums"
             guard.check_rows(first, first + b - a)
             target = out[a - start : b - start]
