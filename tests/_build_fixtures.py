@@ -153,13 +153,14 @@ def placed_offsets(token_lists: list[list[str]], meta: dict, cuts: tuple[int, ..
 
 
 @contextlib.contextmanager
-def failing_on(encoder, batch: int):
-    """The encoder raises on its ``batch``-th batch (a crash in the middle of a build)."""
+def failing_on(encoder, batch: int | None = None, *, holding: list[str] | None = None):
+    """The encoder raises on its ``batch``-th batch, or on the first batch that holds the sentence ``holding`` (a
+    crash in the middle of a build, at a place that does not depend on how many batches a window takes)."""
     real, calls = encoder.encode_flat, [0]
 
     def encode_flat(sentences):
         calls[0] += 1
-        if calls[0] == batch:
+        if calls[0] == batch or (holding is not None and any(list(s) == holding for s in sentences)):
             raise RuntimeError("simulated crash")
         return real(sentences)
 
