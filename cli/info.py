@@ -47,6 +47,8 @@ def _describe(path: Path) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole metadata as JSON.")
 def info_command(cache: str, as_json: bool) -> None:
     """Print the metadata and counts of CACHE (or the state of its interrupted build)."""
+    from elmo_cache.store.format import WINDOW_FILES_FORMAT_VERSION
+
     meta = _describe(Path(cache))
     if as_json:
         click.echo(json.dumps(meta, indent=2, sort_keys=True))
@@ -70,6 +72,12 @@ def info_command(cache: str, as_json: bool) -> None:
             f"counts:       {meta.get('n_sentences', 0):,} sentences, {meta.get('n_tokens', 0):,} tokens, "
             f"{meta.get('n_rows', 0):,} rows, {meta.get('n_unique', 0):,} distinct"
         )
+        if meta.get("format_version") == WINDOW_FILES_FORMAT_VERSION:
+            lines.append(
+                "rows:         the length of the vectors array: each window's rows start a vectors file of "
+                f"{meta.get('shard_rows') or 0:,} rows, and the rows from a window's end to the next file belong to no "
+                "sentence (no bytes on disk; a whole-array read through zarr gives them as zeros)"
+            )
     lines += [
         f"stores:       {what}, dim {meta.get('dim')}, {_storage(meta)}, dedupe {meta.get('dedupe')}",
         f"tokens:       {meta.get('tokenization')}",

@@ -130,6 +130,10 @@ def test_info_on_a_cache_and_on_an_interrupted_build(tmp_path, corpus, tiny_enco
     assert f"{meta['n_sentences']:,} sentences, {meta['n_tokens']:,} tokens, {meta['n_rows']:,} rows" in result.stdout
     assert "dedupe True" in result.stdout and "complete:     True" in result.stdout
     assert "float32, dedupe" in result.stdout and "tokens:       whitespace" in result.stdout
+    assert f"each window's rows start a vectors file of {meta['shard_rows']:,} rows" in result.stdout
+    hdf5 = tmp_path / "c.h5"
+    build(corpus, BuildOptions(output=hdf5, progress=False), encoder=tiny_encoder)
+    assert "rows:" not in run("info", hdf5).stdout  # packed: the vectors array is the sentences' rows
     as_json = run("info", output, "--json")
     assert json.loads(as_json.stdout) == meta
 
