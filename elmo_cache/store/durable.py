@@ -174,25 +174,24 @@ class RawColumn:
         if out.dtype != self.dtype or out.shape[1:] != self.item_shape or not out.flags.c_contiguous:
             raise ValueError(f"{self.path}: read_into needs a C-contiguous {self.dtype} array of {self.item_shape}")
         view = out.data.cast("B")
+        if not len(view):
+            return
         with open(self.path, "rb", buffering=0) as f:
             f.seek(start * self.item_bytes)
             done = 0
             while done < len(view):
                 got = f.readinto(view[done:])
                 if not got:
-                    raise CacheFormatError(f"{self.path}: ends before item {start + len(out)}; staging is damaged")
+                    raise CacheFormatError(
+                        f"{self.path}: ends before item {start + len(out)}, which was recorded as written; damaged"
+                    )
                 done += got
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Items ``[start, stop)`` read into memory (no map: the pages do not stay in the process)."""
-        count = max(0, stop - start)
-        data = np.fromfile(
-            self.path,
-            dtype=self.dtype,
-            count=count * max(1, self.item_bytes // self.dtype.itemsize),
-            offset=start * self.item_bytes,
-        )
-        return data.reshape(count, *self.item_shape)
+        out = np.empty((max(0, stop - start), *self.item_shape), dtype=self.dtype)
+        self.read_into(start, out)
+        return out
 
 
 class ChunkedColumn(RawColumn):
@@ -287,6 +286,9 @@ class ChunkedColumn(RawColumn):
 
     def skip(self, count: int) -> None:
         raise NotImplementedError(f"{self.path}: a column kept in files has no holes")
+
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        out[...] = self.read_range(start, start + len(out))
 
     def append(self, data: np.ndarray) -> None:
         array = np.ascontiguousarray(data, dtype=self.dtype)
